@@ -1,0 +1,241 @@
+"""DeliveryLedger: the use cases of the delivery half, on an event store.
+
+Method names follow the upstream module (record_obligation, mark_attempting, ...) so an
+existing gateway can switch with few edits. Every transition is an event appended at the
+aggregate's next version; a writer that lost the race gets ConcurrentUpdate.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+from eventsourcing.application import AggregateNotFoundError, Application
+from eventsourcing.persistence import IntegrityError, Transcoder
+
+from gateway_ledger.application.views import HistoryEntry, ObligationStatus
+from gateway_ledger.domain.errors import ConcurrentUpdate, InvalidInput, NotFound
+from gateway_ledger.domain.obligation import DeliveryObligation, obligation_uuid
+from gateway_ledger.domain.values import (
+    AbandonReason,
+    DeliveryTarget,
+    ErrorClass,
+    LedgerPolicy,
+    MediaItem,
+    OwnerIdentity,
+)
+from gateway_ledger.infrastructure.clock import Clock, system_clock
+from gateway_ledger.infrastructure.process_identity import current_owner
+from gateway_ledger.infrastructure.store import store_environment
+from gateway_ledger.infrastructure.transcoder import AttrsTranscoding, OrjsonTranscoder
+
+log = logging.getLogger("gateway_ledger.ledger")
+
+LEDGER_APPLICATION_NAME = "gateway_ledger"
+"""Part of the stored identity of every event; never change it on an existing store."""
+
+VALUE_OBJECTS: tuple[type, ...] = (OwnerIdentity, DeliveryTarget, MediaItem)
+
+
+def build_transcoder() -> Transcoder:
+    transcoder = OrjsonTranscoder()
+    for cls in VALUE_OBJECTS:
+        transcoder.register(AttrsTranscoding(cls))
+    return transcoder
+
+
+class DeliveryLedger(Application[UUID]):
+    """Every final reply the gateway owes, as an event-sourced DeliveryObligation."""
+
+    name = LEDGER_APPLICATION_NAME
+
+    def __init__(
+        self,
+        env: Mapping[str, str] | None = None,
+        *,
+        owner: OwnerIdentity | None = None,
+        policy: LedgerPolicy | None = None,
+        clock: Clock = system_clock,
+    ) -> None:
+        super().__init__(env=dict(env or {}))
+        self.owner = owner or current_owner()
+        self.policy = policy or LedgerPolicy()
+        self.clock = clock
+        self.location = str(self.env.get("SQLITE_DBNAME") or self.env.get("POSTGRES_DBNAME") or "")
+
+    @classmethod
+    def open(
+        cls,
+        location: str | Path,
+        *,
+        owner: OwnerIdentity | None = None,
+        policy: LedgerPolicy | None = None,
+        clock: Clock = system_clock,
+    ) -> DeliveryLedger:
+        """Open (creating if needed) the store at a file path or a postgresql:// URL."""
+        return cls(store_environment(location), owner=owner, policy=policy, clock=clock)
+
+    def construct_transcoder(self) -> Transcoder:
+        return build_transcoder()
+
+    # -- writes -------------------------------------------------------------------------------
+
+    def record_obligation(
+        self,
+        *,
+        obligation_id: str,
+        session_key: str,
+        platform: str,
+        chat_id: str,
+        thread_id: str | None = None,
+        content: str,
+        reply_to: str | None = None,
+        media: Iterable[MediaItem | Mapping[str, Any]] = (),
+        metadata: Mapping[str, Any] | None = None,
+        parts: Sequence[str] = (),
+    ) -> str:
+        """Record a final reply as owed. Recording an existing id changes nothing."""
+        obligation = self.new_obligation(
+            obligation_id=obligation_id,
+            session_key=session_key,
+            platform=platform,
+            chat_id=chat_id,
+            thread_id=thread_id,
+            content=content,
+            reply_to=reply_to,
+            media=media,
+            metadata=metadata,
+            parts=parts,
+        )
+        try:
+            self.save(obligation)
+        except IntegrityError:
+            # The id exists (recorded earlier, or by a concurrent writer): idempotent.
+            if obligation_uuid(obligation_id) not in self.repository:
+                raise
+            log.debug("obligation %s already recorded; nothing appended", obligation_id)
+            return obligation_id
+        log.debug("obligation %s recorded platform=%s", obligation_id, platform)
+        return obligation_id
+
+    def new_obligation(
+        self,
+        *,
+        obligation_id: str,
+        session_key: str,
+        platform: str,
+        chat_id: str,
+        thread_id: str | None = None,
+        content: str,
+        reply_to: str | None = None,
+        media: Iterable[MediaItem | Mapping[str, Any]] = (),
+        metadata: Mapping[str, Any] | None = None,
+        parts: Sequence[str] = (),
+    ) -> DeliveryObligation:
+        """Build (not save) a Recorded obligation owned by this process; validates all input."""
+        try:
+            target = DeliveryTarget(
+                platform=platform, chat_id=chat_id, thread_id=thread_id, reply_to=reply_to
+            )
+            items = [m if isinstance(m, MediaItem) else MediaItem(**m) for m in media]
+        except TypeError as e:
+            raise InvalidInput(str(e)) from None
+        return DeliveryObligation.record(
+            obligation_id=obligation_id,
+            session_key=session_key,
+            target=target,
+            content=content,
+            owner=self.owner,
+            now=self.clock(),
+            parts=parts,
+            media=items,
+            metadata=metadata,
+        )
+
+    def mark_attempting(self, obligation_id: str) -> None:
+        obligation = self._load(obligation_id)
+        obligation.start_attempt(by=self.owner, now=self.clock())
+        self._save(obligation, "attempting")
+
+    def mark_delivered(self, obligation_id: str, receipt: Sequence[str] | str | None = None) -> None:
+        if isinstance(receipt, str):
+            receipt = [receipt]
+        obligation = self._load(obligation_id)
+        obligation.confirm_delivery(by=self.owner, now=self.clock(), receipt=receipt or ())
+        self._save(obligation, "delivered")
+
+    def mark_failed(
+        self,
+        obligation_id: str,
+        error: str = "",
+        classification: ErrorClass | str = ErrorClass.AMBIGUOUS,
+        retry_after: float | None = None,
+    ) -> None:
+        try:
+            error_class = ErrorClass(classification)
+        except ValueError:
+            raise InvalidInput(f"unknown error classification {classification!r}") from None
+        obligation = self._load(obligation_id)
+        obligation.fail(
+            by=self.owner,
+            now=self.clock(),
+            error=error,
+            classification=error_class,
+            retry_after=retry_after,
+        )
+        self._save(obligation, "failed")
+
+    def abandon(
+        self,
+        obligation_id: str,
+        reason: AbandonReason | str = AbandonReason.OPERATOR,
+        detail: str = "",
+    ) -> None:
+        try:
+            abandon_reason = AbandonReason(reason)
+        except ValueError:
+            raise InvalidInput(f"unknown abandon reason {reason!r}") from None
+        obligation = self._load(obligation_id)
+        obligation.abandon(reason=abandon_reason, now=self.clock(), by=self.owner, detail=detail)
+        self._save(obligation, f"abandoned ({abandon_reason.value})")
+
+    # -- reads --------------------------------------------------------------------------------
+
+    def get(self, obligation_id: str) -> ObligationStatus:
+        return ObligationStatus.of(self._load(obligation_id))
+
+    def history(self, obligation_id: str) -> list[HistoryEntry]:
+        events = list(self.events.get(self._uuid(obligation_id)))
+        if not events:
+            raise NotFound("obligation", obligation_id)
+        return [HistoryEntry.of(e) for e in events]
+
+    def exists(self, obligation_id: str) -> bool:
+        return self._uuid(obligation_id) in self.repository
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _uuid(obligation_id: str) -> UUID:
+        if not isinstance(obligation_id, str) or not obligation_id:
+            raise InvalidInput("obligation_id must be a non-empty str")
+        return obligation_uuid(obligation_id)
+
+    def _load(self, obligation_id: str) -> DeliveryObligation:
+        try:
+            aggregate = self.repository.get(self._uuid(obligation_id))
+        except AggregateNotFoundError:
+            raise NotFound("obligation", obligation_id) from None
+        assert isinstance(aggregate, DeliveryObligation)
+        return aggregate
+
+    def _save(self, obligation: DeliveryObligation, transition: str) -> None:
+        try:
+            self.save(obligation)
+        except IntegrityError:
+            log.info("obligation %s: %s lost to a concurrent writer", obligation.obligation_id, transition)
+            raise ConcurrentUpdate("DeliveryObligation", obligation.obligation_id, transition) from None
+        log.debug("obligation %s %s v%d", obligation.obligation_id, transition, obligation.version)

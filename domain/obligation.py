@@ -1,0 +1,326 @@
+"""The DeliveryObligation aggregate: one final reply the gateway owes a user.
+
+Commands (``record``, ``start_attempt``, ``confirm_delivery``, ``fail``, ``claim``,
+``abandon``) validate and decide; the ``@event`` methods only mutate, because they are
+re-run every time the aggregate is reloaded from its events.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+from uuid import NAMESPACE_URL, UUID, uuid5
+
+from eventsourcing.domain import Aggregate, event
+
+from gateway_ledger.domain.errors import IllegalTransition, InvalidInput
+from gateway_ledger.domain.values import (
+    MAX_CONTENT_BYTES,
+    UNRESOLVED_STATES,
+    AbandonReason,
+    DeliveryTarget,
+    ErrorClass,
+    LedgerPolicy,
+    MediaItem,
+    ObligationState,
+    OwnerIdentity,
+    cut_error,
+    require_aware,
+    require_json_like,
+    require_text,
+)
+
+OBLIGATION_NAMESPACE = uuid5(NAMESPACE_URL, "https://gateway-ledger/obligation")
+
+
+def compute_obligation_id(session_key: str, message_ref: str, content: str) -> str:
+    """Stable id: same turn + same content re-records idempotently (upstream, verbatim)."""
+    payload = f"{session_key}|{message_ref}|{content}"
+    return hashlib.sha256(payload.encode("utf-8", "replace")).hexdigest()[:24]
+
+
+def obligation_uuid(obligation_id: str) -> UUID:
+    """The aggregate id of an obligation: uuid5 of its 24-hex obligation id."""
+    return uuid5(OBLIGATION_NAMESPACE, obligation_id)
+
+
+def _validate_obligation_id(value: object) -> str:
+    text: str = require_text("obligation_id", value)
+    if len(text) > 200:
+        raise InvalidInput("obligation_id is longer than 200 characters")
+    return text
+
+
+class DeliveryObligation(Aggregate):
+    """A reply owed to one chat target, from the moment it is recorded until it is resolved."""
+
+    obligation_id: str
+    session_key: str
+    target: DeliveryTarget
+    content: str
+    parts: list[str]
+    media: list[MediaItem]
+    metadata: dict[str, Any]
+    owner: OwnerIdentity
+    recorded_at: datetime
+    state: ObligationState
+    recovery_attempts: int
+    send_attempts: int
+    fence: int
+    may_have_arrived: bool
+    arrived_before_this_send: bool
+    last_error: str
+    error_class: ErrorClass | None
+    retry_after: float | None
+    receipt: list[str]
+    abandon_reason: AbandonReason | None
+    last_transition_at: datetime
+
+    # -- creation ---------------------------------------------------------------------------
+
+    @staticmethod
+    def create_id(obligation_id: str) -> UUID:
+        return obligation_uuid(obligation_id)
+
+    @classmethod
+    def record(
+        cls,
+        *,
+        obligation_id: str,
+        session_key: str,
+        target: DeliveryTarget,
+        content: str,
+        owner: OwnerIdentity,
+        now: datetime,
+        parts: Sequence[str] = (),
+        media: Iterable[MediaItem] = (),
+        metadata: Mapping[str, Any] | None = None,
+    ) -> DeliveryObligation:
+        """Validate everything before the first event exists: bad input writes nothing."""
+        _validate_obligation_id(obligation_id)
+        require_text("session_key", session_key)
+        if not isinstance(target, DeliveryTarget):
+            raise InvalidInput("target must be a DeliveryTarget")
+        require_text("content", content, allow_empty=True)
+        if len(content) * 4 > MAX_CONTENT_BYTES and len(content.encode("utf-8")) > MAX_CONTENT_BYTES:
+            raise InvalidInput(f"content is larger than {MAX_CONTENT_BYTES} bytes")
+        if not isinstance(owner, OwnerIdentity):
+            raise InvalidInput("owner must be an OwnerIdentity")
+        require_aware("now", now)
+        part_list = [require_text(f"parts[{i}]", p, allow_empty=True) for i, p in enumerate(parts)]
+        if part_list and "".join(part_list) != content:
+            raise InvalidInput("parts must be the content split in order, nothing added or lost")
+        media_list = list(media)
+        for item in media_list:
+            if not isinstance(item, MediaItem):
+                raise InvalidInput("media must hold MediaItem values")
+        meta = dict(metadata or {})
+        require_json_like("metadata", meta)
+        return cls(
+            obligation_id=obligation_id,
+            session_key=session_key,
+            target=target,
+            content=content,
+            parts=part_list,
+            media=media_list,
+            metadata=meta,
+            owner=owner,
+            timestamp=now,
+        )
+
+    @event("Recorded")
+    def __init__(
+        self,
+        obligation_id: str,
+        session_key: str,
+        target: DeliveryTarget,
+        content: str,
+        parts: list[str],
+        media: list[MediaItem],
+        metadata: dict[str, Any],
+        owner: OwnerIdentity,
+        timestamp: datetime,
+    ) -> None:
+        self.obligation_id = obligation_id
+        self.session_key = session_key
+        self.target = target
+        self.content = content
+        self.parts = list(parts)
+        self.media = list(media)
+        self.metadata = dict(metadata)
+        self.owner = owner
+        self.recorded_at = timestamp
+        self.state = ObligationState.PENDING
+        self.recovery_attempts = 0  # claims by a recovery sweep; capped by the policy
+        self.send_attempts = 0
+        self.fence = 0  # bumped by every claim: a superseded owner is fenced out
+        self.may_have_arrived = False
+        self.arrived_before_this_send = False
+        self.last_error = ""
+        self.error_class = None
+        self.retry_after: float | None = None
+        self.receipt = []
+        self.abandon_reason = None
+        self.last_transition_at = timestamp
+
+    # -- derived facts ----------------------------------------------------------------------
+
+    @property
+    def needs_marker(self) -> bool:
+        """True when a previous send may have reached the user, so a re-send may duplicate."""
+        return self.may_have_arrived
+
+    @property
+    def is_resolved(self) -> bool:
+        return self.state.is_final
+
+    @property
+    def platform(self) -> str:
+        return self.target.platform
+
+    def _refuse(self, transition: str, why: str = "") -> IllegalTransition:
+        return IllegalTransition(
+            "DeliveryObligation", self.obligation_id, self.state.value, transition, why
+        )
+
+    def _require_state(self, transition: str, *allowed: ObligationState) -> None:
+        if self.state not in allowed:
+            raise self._refuse(transition)
+
+    # -- commands and their events ----------------------------------------------------------
+
+    def start_attempt(self, *, by: OwnerIdentity, now: datetime) -> None:
+        """The holder starts a send. After a claim, only the claimer may (fencing)."""
+        require_aware("now", now)
+        self._require_state("attempting", ObligationState.PENDING, ObligationState.FAILED)
+        if self.fence > 0 and by != self.owner:
+            raise self._refuse("attempting", f"claimed by {self.owner.describe()}; fenced out")
+        self._attempting(by=by, fence=self.fence, timestamp=now)
+
+    @event("Attempting")
+    def _attempting(self, by: OwnerIdentity, fence: int, timestamp: datetime) -> None:
+        self.state = ObligationState.ATTEMPTING
+        self.owner = by
+        self.send_attempts += 1
+        self.arrived_before_this_send = self.may_have_arrived
+        self.may_have_arrived = True
+        self.retry_after = None
+        self.last_transition_at = timestamp
+
+    def confirm_delivery(
+        self, *, by: OwnerIdentity, now: datetime, receipt: Sequence[str] = ()
+    ) -> None:
+        require_aware("now", now)
+        self._require_state("delivered", ObligationState.ATTEMPTING, ObligationState.CLAIMED)
+        ids = [require_text("receipt id", str(r)) for r in receipt]
+        self._delivered(by=by, receipt=ids, fence=self.fence, timestamp=now)
+
+    @event("Delivered")
+    def _delivered(
+        self, by: OwnerIdentity, receipt: list[str], fence: int, timestamp: datetime
+    ) -> None:
+        self.state = ObligationState.DELIVERED
+        self.receipt = list(receipt)
+        self.last_transition_at = timestamp
+
+    def fail(
+        self,
+        *,
+        by: OwnerIdentity,
+        now: datetime,
+        error: str = "",
+        classification: ErrorClass = ErrorClass.AMBIGUOUS,
+        retry_after: float | None = None,
+    ) -> None:
+        require_aware("now", now)
+        self._require_state("failed", ObligationState.ATTEMPTING, ObligationState.CLAIMED)
+        if not isinstance(error, str):
+            raise InvalidInput("error must be a str")
+        classification = ErrorClass(classification)
+        if retry_after is not None and (not isinstance(retry_after, int | float) or retry_after < 0):
+            raise InvalidInput("retry_after must be a non-negative number of seconds")
+        text = cut_error(error.encode("utf-8", "replace").decode("utf-8"))
+        self._failed(
+            by=by,
+            error=text,
+            classification=classification.value,
+            retry_after=None if retry_after is None else float(retry_after),
+            fence=self.fence,
+            timestamp=now,
+        )
+
+    @event("Failed")
+    def _failed(
+        self,
+        by: OwnerIdentity,
+        error: str,
+        classification: str,
+        retry_after: float | None,
+        fence: int,
+        timestamp: datetime,
+    ) -> None:
+        self.state = ObligationState.FAILED
+        self.last_error = error
+        self.error_class = ErrorClass(classification)
+        self.retry_after = retry_after
+        if not self.error_class.may_have_arrived:
+            # The platform said no: this send did not reach the user. Earlier sends that
+            # might have are already on record, so only an ambiguous failure raises the flag.
+            self.may_have_arrived = self.arrived_before_this_send
+        self.last_transition_at = timestamp
+
+    def claim(self, *, by: OwnerIdentity, now: datetime, policy: LedgerPolicy) -> None:
+        """A recovery sweep takes the obligation over from a dead owner."""
+        require_aware("now", now)
+        self._require_state("claimed", *UNRESOLVED_STATES)
+        if by == self.owner:
+            raise self._refuse("claimed", "a process never claims its own obligation")
+        if self.recovery_attempts >= policy.max_attempts:
+            raise self._refuse("claimed", f"{self.recovery_attempts} recovery claims already")
+        self._claimed(
+            by=by,
+            previous_owner=self.owner,
+            recovery_attempt=self.recovery_attempts + 1,
+            needs_marker=self.may_have_arrived,
+            fence=self.fence + 1,
+            timestamp=now,
+        )
+
+    @event("Claimed")
+    def _claimed(
+        self,
+        by: OwnerIdentity,
+        previous_owner: OwnerIdentity,
+        recovery_attempt: int,
+        needs_marker: bool,
+        fence: int,
+        timestamp: datetime,
+    ) -> None:
+        self.state = ObligationState.CLAIMED
+        self.owner = by
+        self.recovery_attempts = recovery_attempt
+        self.fence = fence
+        # The claimer sends at once: from here on a send may have started.
+        self.arrived_before_this_send = needs_marker
+        self.may_have_arrived = True
+        self.last_transition_at = timestamp
+
+    def abandon(
+        self, *, reason: AbandonReason, now: datetime, by: OwnerIdentity | None = None, detail: str = ""
+    ) -> None:
+        require_aware("now", now)
+        reason = AbandonReason(reason)
+        self._require_state(f"abandoned ({reason.value})", *UNRESOLVED_STATES)
+        if not isinstance(detail, str):
+            raise InvalidInput("detail must be a str")
+        self._abandoned(reason=reason.value, detail=cut_error(detail), by=by, timestamp=now)
+
+    @event("Abandoned")
+    def _abandoned(
+        self, reason: str, detail: str, by: OwnerIdentity | None, timestamp: datetime
+    ) -> None:
+        self.state = ObligationState.ABANDONED
+        self.abandon_reason = AbandonReason(reason)
+        self.last_transition_at = timestamp

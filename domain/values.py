@@ -1,0 +1,212 @@
+"""Value objects of the delivery ledger: immutable, validated, free of I/O."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from enum import Enum
+from typing import Any
+
+import attrs
+
+from gateway_ledger.domain.errors import InvalidInput
+
+ERROR_TEXT_LIMIT = 500
+"""Upstream cuts ``last_error`` to 500 characters; so do we."""
+
+MAX_CONTENT_BYTES = 8 * 1024 * 1024
+"""A reply larger than this is refused: no chat platform accepts it, and events stay small."""
+
+
+class ObligationState(str, Enum):
+    PENDING = "pending"
+    ATTEMPTING = "attempting"
+    DELIVERED = "delivered"
+    FAILED = "failed"
+    CLAIMED = "claimed"
+    ABANDONED = "abandoned"
+
+    @property
+    def is_final(self) -> bool:
+        return self in (ObligationState.DELIVERED, ObligationState.ABANDONED)
+
+
+UNRESOLVED_STATES = frozenset(
+    {
+        ObligationState.PENDING,
+        ObligationState.ATTEMPTING,
+        ObligationState.FAILED,
+        ObligationState.CLAIMED,
+    }
+)
+
+
+class ErrorClass(str, Enum):
+    """How a failed send is judged (reference §2 item 6)."""
+
+    REJECTED = "rejected"  # the platform definitely refused it: it did not arrive
+    RATE_LIMITED = "rate_limited"  # refused for now; honour retry_after, spend no attempt
+    AMBIGUOUS = "ambiguous"  # timeout / reset after the request left: it may have arrived
+    DEAD_TARGET = "dead_target"  # bot blocked, chat gone: never retry
+
+    @property
+    def may_have_arrived(self) -> bool:
+        return self is ErrorClass.AMBIGUOUS
+
+
+class AbandonReason(str, Enum):
+    MAX_ATTEMPTS = "max_attempts"
+    STALE = "stale"
+    DEAD_TARGET = "dead_target"
+    OPERATOR = "operator"
+    ERASED = "erased"
+
+
+def require_text(name: str, value: object, *, allow_empty: bool = False) -> str:
+    """Refuse what cannot be stored and read back exactly (wrong type, lone surrogates)."""
+    if not isinstance(value, str):
+        raise InvalidInput(f"{name} must be a str, not {type(value).__name__}")
+    if not allow_empty and not value.strip():
+        raise InvalidInput(f"{name} must not be empty")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidInput(f"{name} is not valid Unicode text ({e.reason})") from None
+    return value
+
+
+def optional_text(name: str, value: object) -> str | None:
+    if value is None:
+        return None
+    return require_text(name, _id_text(value))
+
+
+def require_aware(name: str, value: object) -> datetime:
+    if not isinstance(value, datetime):
+        raise InvalidInput(f"{name} must be a datetime, not {type(value).__name__}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidInput(f"{name} must be timezone-aware")
+    return value
+
+
+_JSON_SCALARS = (str, int, float, bool, type(None))
+
+
+def require_json_like(name: str, value: object, _depth: int = 0) -> Any:
+    """Metadata must survive a JSON round trip unchanged: str keys, plain values only."""
+    if _depth > 32:
+        raise InvalidInput(f"{name} is nested too deeply")
+    if isinstance(value, str):
+        return require_text(name, value, allow_empty=True)
+    if isinstance(value, float) and value != value:  # NaN has no JSON spelling
+        raise InvalidInput(f"{name} holds NaN, which JSON cannot carry")
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
+        raise InvalidInput(f"{name} holds an integer outside the 64-bit range")
+    if isinstance(value, _JSON_SCALARS):
+        return value
+    if isinstance(value, dict):
+        if set(value) == {"_type_", "_data_"}:
+            raise InvalidInput(f"{name} uses the keys reserved for typed values (_type_, _data_)")
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise InvalidInput(f"{name} keys must be str, not {type(k).__name__}")
+            require_text(f"{name} key", k, allow_empty=True)
+            require_json_like(f"{name}[{k!r}]", v, _depth + 1)
+        return value
+    if isinstance(value, list):
+        for i, v in enumerate(value):
+            require_json_like(f"{name}[{i}]", v, _depth + 1)
+        return value
+    raise InvalidInput(f"{name} holds a {type(value).__name__}, which JSON cannot carry")
+
+
+def _text(name: str, *, allow_empty: bool = False) -> Any:
+    """An attrs validator that applies :func:`require_text`."""
+
+    def check(_: object, __: attrs.Attribute[Any], value: object) -> None:
+        require_text(name, value, allow_empty=allow_empty)
+
+    return check
+
+
+def _id_text(value: object) -> object:
+    """Platforms hand out numeric ids; they are keys, not numbers, so keep them as str."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+def _non_negative(_: object, attribute: attrs.Attribute[Any], value: int) -> None:
+    if value < 0:
+        raise InvalidInput(f"{attribute.name} must be >= 0")
+
+
+@attrs.frozen
+class OwnerIdentity:
+    """Who holds an obligation: enough to tell a live process from a dead or reused one.
+
+    ``start_time`` is the process start time in clock ticks since boot (``/proc`` field
+    22); ``None`` when unknown, which liveness checks must treat as "cannot prove alive".
+    """
+
+    host: str = attrs.field(validator=_text("host"))
+    boot_id: str = attrs.field(validator=_text("boot_id", allow_empty=True))
+    pid: int = attrs.field(validator=[attrs.validators.instance_of(int), _non_negative])
+    start_time: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(int))
+    )
+    installation_id: str = attrs.field(
+        default="", validator=_text("installation_id", allow_empty=True)
+    )
+
+    def same_process(self, other: OwnerIdentity) -> bool:
+        return self == other
+
+    def describe(self) -> str:
+        return f"{self.host}/{self.pid}"
+
+
+@attrs.frozen
+class DeliveryTarget:
+    """Where a reply goes: everything an adapter needs to address it again after a crash."""
+
+    platform: str = attrs.field(validator=_text("platform"))
+    chat_id: str = attrs.field(converter=_id_text, validator=_text("chat_id"))
+    thread_id: str | None = attrs.field(default=None)
+    reply_to: str | None = attrs.field(default=None)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "thread_id", optional_text("thread_id", self.thread_id))
+        object.__setattr__(self, "reply_to", optional_text("reply_to", self.reply_to))
+
+
+@attrs.frozen
+class MediaItem:
+    """One attachment of a reply, by reference: the ledger stores where it is, not its bytes."""
+
+    kind: str = attrs.field(validator=_text("media kind"))
+    uri: str = attrs.field(validator=_text("media uri"))
+    caption: str | None = attrs.field(default=None)
+    mime_type: str | None = attrs.field(default=None)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "caption", optional_text("media caption", self.caption))
+        object.__setattr__(self, "mime_type", optional_text("media mime_type", self.mime_type))
+
+
+@attrs.frozen
+class LedgerPolicy:
+    """The upstream constants, as one value so tests and operators can change them."""
+
+    max_attempts: int = attrs.field(default=3, validator=_non_negative)
+    stale_after: timedelta = attrs.field(default=timedelta(hours=24))
+    retry_backoff: tuple[timedelta, ...] = attrs.field(
+        default=(timedelta(seconds=30), timedelta(seconds=120))
+    )
+    max_retry_after: timedelta = attrs.field(default=timedelta(minutes=15))
+
+    def is_stale(self, recorded_at: datetime, now: datetime) -> bool:
+        return now - recorded_at >= self.stale_after
+
+
+def cut_error(text: str) -> str:
+    return text[:ERROR_TEXT_LIMIT]

@@ -1,0 +1,1 @@
+"""gateway-ledger: the session and delivery layer of a chat-agent gateway."""

@@ -1,0 +1,75 @@
+"""PostgreSQL as the event store: a ``postgresql://`` URL becomes the library's environment.
+
+The URL's query may carry ``schema=NAME`` (default ``public``); the schema is created if
+missing, so several installations (or test runs) can share one database.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import parse_qs, unquote, urlparse
+
+import psycopg
+from psycopg import sql
+
+from gateway_ledger.domain.errors import InvalidInput
+
+_SCHEMA_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+
+
+def parse_postgres_url(url: str) -> dict[str, str]:
+    parsed = urlparse(url)
+    if parsed.scheme not in ("postgresql", "postgres"):
+        raise InvalidInput(f"not a postgresql:// URL: {url!r}")
+    query = parse_qs(parsed.query)
+    schema = query.get("schema", ["public"])[0]
+    if not _SCHEMA_RE.match(schema):
+        raise InvalidInput(f"invalid schema name {schema!r}")
+    dbname = unquote(parsed.path.lstrip("/")) or "postgres"
+    return {
+        "host": parsed.hostname or "127.0.0.1",
+        "port": str(parsed.port or 5432),
+        "user": unquote(parsed.username or "postgres"),
+        "password": unquote(parsed.password or ""),
+        "dbname": dbname,
+        "schema": schema,
+        "pool_size": query.get("pool_size", ["4"])[0],
+    }
+
+
+def connect(params: dict[str, str]) -> psycopg.Connection:
+    return psycopg.connect(
+        host=params["host"],
+        port=int(params["port"]),
+        user=params["user"],
+        password=params["password"] or None,
+        dbname=params["dbname"],
+        autocommit=True,
+        connect_timeout=5,
+    )
+
+
+def ensure_schema(params: dict[str, str]) -> None:
+    with connect(params) as conn:
+        conn.execute(
+            sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(params["schema"]))
+        )
+
+
+def postgres_environment(url: str) -> dict[str, str]:
+    params = parse_postgres_url(url)
+    ensure_schema(params)
+    return {
+        "PERSISTENCE_MODULE": "eventsourcing.postgres",
+        "POSTGRES_DBNAME": params["dbname"],
+        "POSTGRES_HOST": params["host"],
+        "POSTGRES_PORT": params["port"],
+        "POSTGRES_USER": params["user"],
+        "POSTGRES_PASSWORD": params["password"],
+        "POSTGRES_SCHEMA": params["schema"],
+        "POSTGRES_POOL_SIZE": params["pool_size"],
+        "POSTGRES_MAX_OVERFLOW": "8",
+        "POSTGRES_CONNECT_TIMEOUT": "10",
+        "POSTGRES_LOCK_TIMEOUT": "10",
+        "POSTGRES_PRE_PING": "y",
+    }

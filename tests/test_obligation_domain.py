@@ -1,0 +1,224 @@
+"""The DeliveryObligation aggregate on its own: legal transitions, refusals, the marker."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from gateway_ledger.domain.errors import IllegalTransition, InvalidInput
+from gateway_ledger.domain.obligation import DeliveryObligation, compute_obligation_id
+from gateway_ledger.domain.values import (
+    AbandonReason,
+    DeliveryTarget,
+    ErrorClass,
+    LedgerPolicy,
+    ObligationState,
+    OwnerIdentity,
+)
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+ALICE = OwnerIdentity(host="h1", boot_id="b", pid=10, start_time=100)
+BOB = OwnerIdentity(host="h1", boot_id="b", pid=11, start_time=200)
+POLICY = LedgerPolicy()
+
+
+def new(content: str = "hi") -> DeliveryObligation:
+    agg = DeliveryObligation.record(
+        obligation_id=compute_obligation_id("k", "m", content),
+        session_key="k",
+        target=DeliveryTarget(platform="telegram", chat_id="1"),
+        content=content,
+        owner=ALICE,
+        now=T0,
+    )
+    agg.collect_events()
+    return agg
+
+
+def test_compute_obligation_id_is_upstream_formula() -> None:
+    import hashlib
+
+    expected = hashlib.sha256(b"agent:main:telegram:dm:99|4711|Hello").hexdigest()[:24]
+    assert compute_obligation_id("agent:main:telegram:dm:99", "4711", "Hello") == expected
+    assert len(expected) == 24
+    # lone surrogates are hashed with "replace", exactly like upstream
+    assert compute_obligation_id("k", "", "\ud800") == (
+        hashlib.sha256("k||\ud800".encode("utf-8", "replace")).hexdigest()[:24]
+    )
+    # distinct threads on one chat never collide
+    assert compute_obligation_id("a:t1", "m", "x") != compute_obligation_id("a:t2", "m", "x")
+
+
+def test_happy_path_and_retry() -> None:
+    agg = new()
+    agg.start_attempt(by=ALICE, now=T0)
+    agg.fail(by=ALICE, now=T0, error="503", classification=ErrorClass.AMBIGUOUS)
+    agg.start_attempt(by=ALICE, now=T0)
+    agg.confirm_delivery(by=ALICE, now=T0, receipt=["m-1"])
+    names = [type(e).__name__ for e in agg.collect_events()]
+    assert names == ["Attempting", "Failed", "Attempting", "Delivered"]
+    assert agg.state is ObligationState.DELIVERED
+    assert agg.receipt == ["m-1"]
+
+
+@pytest.mark.parametrize(
+    "prepare, command",
+    [
+        ([], "deliver"),  # pending -> delivered skips the send
+        ([], "fail"),
+        (["attempt"], "attempt"),
+        (["attempt", "deliver"], "attempt"),
+        (["attempt", "deliver"], "fail"),
+        (["attempt", "deliver"], "claim"),
+        (["attempt", "deliver"], "abandon"),
+        (["abandon"], "attempt"),
+        (["abandon"], "claim"),
+        (["abandon"], "deliver"),
+        (["claim"], "attempt"),  # the claimer sends directly: claimed -> delivered|failed
+    ],
+)
+def test_illegal_transitions_are_refused_and_append_nothing(
+    prepare: list[str], command: str
+) -> None:
+    agg = new()
+    run = {
+        "attempt": lambda: agg.start_attempt(by=agg.owner, now=T0),
+        "deliver": lambda: agg.confirm_delivery(by=agg.owner, now=T0),
+        "fail": lambda: agg.fail(by=agg.owner, now=T0, error="x"),
+        "claim": lambda: agg.claim(by=BOB if agg.owner == ALICE else ALICE, now=T0, policy=POLICY),
+        "abandon": lambda: agg.abandon(reason=AbandonReason.OPERATOR, now=T0),
+    }
+    for step in prepare:
+        run[step]()
+    agg.collect_events()
+    version, state = agg.version, agg.state
+    with pytest.raises(IllegalTransition) as info:
+        run[command]()
+    assert agg.obligation_id in str(info.value)
+    assert state.value in str(info.value)
+    assert agg.collect_events() == []
+    assert (agg.version, agg.state) == (version, state)
+
+
+def test_marker_is_false_only_when_no_send_can_have_started() -> None:
+    agg = new()
+    assert agg.needs_marker is False
+    agg.start_attempt(by=ALICE, now=T0)
+    assert agg.needs_marker is True
+
+
+def test_definite_rejection_clears_the_flag_raised_by_its_own_send() -> None:
+    agg = new()
+    agg.start_attempt(by=ALICE, now=T0)
+    agg.fail(by=ALICE, now=T0, error="400 bad request", classification=ErrorClass.REJECTED)
+    assert agg.needs_marker is False
+    agg.start_attempt(by=ALICE, now=T0)
+    agg.fail(by=ALICE, now=T0, error="timeout", classification=ErrorClass.AMBIGUOUS)
+    agg.start_attempt(by=ALICE, now=T0)
+    agg.fail(by=ALICE, now=T0, error="429", classification=ErrorClass.RATE_LIMITED)
+    assert agg.needs_marker is True  # the ambiguous send before may have arrived
+
+
+def test_claim_from_pending_needs_no_marker_but_a_second_claim_does() -> None:
+    agg = new()
+    agg.claim(by=BOB, now=T0, policy=POLICY)
+    claimed = agg.collect_events()[-1]
+    assert claimed.needs_marker is False  # type: ignore[attr-defined]
+    carol = OwnerIdentity(host="h2", boot_id="c", pid=12, start_time=1)
+    agg.claim(by=carol, now=T0, policy=POLICY)
+    assert agg.collect_events()[-1].needs_marker is True  # type: ignore[attr-defined]
+    assert agg.fence == 2 and agg.recovery_attempts == 2
+
+
+def test_claim_is_capped_and_never_by_the_owner() -> None:
+    agg = new()
+    with pytest.raises(IllegalTransition, match="never claims its own"):
+        agg.claim(by=ALICE, now=T0, policy=POLICY)
+    owners = [OwnerIdentity(host="h", boot_id="b", pid=100 + i, start_time=i) for i in range(4)]
+    for o in owners[:3]:
+        agg.claim(by=o, now=T0, policy=POLICY)
+    with pytest.raises(IllegalTransition, match="3 recovery claims"):
+        agg.claim(by=owners[3], now=T0, policy=POLICY)
+
+
+def test_a_fenced_out_owner_cannot_start_a_send() -> None:
+    agg = new()
+    agg.start_attempt(by=ALICE, now=T0)
+    agg.claim(by=BOB, now=T0, policy=POLICY)
+    agg.fail(by=BOB, now=T0, error="timeout")
+    with pytest.raises(IllegalTransition, match="fenced out"):
+        agg.start_attempt(by=ALICE, now=T0)
+    agg.start_attempt(by=BOB, now=T0)
+
+
+def test_abandon_from_every_unresolved_state() -> None:
+    for steps in ([], ["attempt"], ["attempt", "fail"], ["claim"]):
+        agg = new()
+        for step in steps:
+            if step == "attempt":
+                agg.start_attempt(by=ALICE, now=T0)
+            elif step == "fail":
+                agg.fail(by=ALICE, now=T0, error="e")
+            else:
+                agg.claim(by=BOB, now=T0, policy=POLICY)
+        agg.abandon(reason=AbandonReason.STALE, now=T0 + timedelta(days=1))
+        assert agg.state is ObligationState.ABANDONED
+        assert agg.abandon_reason is AbandonReason.STALE
+
+
+def test_error_text_is_cut_to_500_characters() -> None:
+    agg = new()
+    agg.start_attempt(by=ALICE, now=T0)
+    agg.fail(by=ALICE, now=T0, error="x" * 2000)
+    assert len(agg.last_error) == 500
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"session_key": ""}, "session_key must not be empty"),
+        ({"session_key": 5}, "session_key must be a str"),
+        ({"content": "\ud800"}, "content is not valid Unicode"),
+        ({"content": None}, "content must be a str"),
+        ({"now": datetime(2026, 1, 1)}, "timezone-aware"),
+        ({"metadata": {"a": object()}}, "JSON cannot carry"),
+        ({"metadata": {1: "x"}}, "keys must be str"),
+        ({"metadata": {"_type_": "datetime_iso", "_data_": "x"}}, "reserved"),
+        ({"metadata": {"n": 2**70}}, "64-bit"),
+        ({"parts": ["h"]}, "parts must be the content split"),
+    ],
+)
+def test_bad_input_is_refused_before_any_event(kwargs: dict[str, object], message: str) -> None:
+    args: dict[str, object] = {
+        "obligation_id": "abc",
+        "session_key": "k",
+        "target": DeliveryTarget(platform="telegram", chat_id="1"),
+        "content": "hi",
+        "owner": ALICE,
+        "now": T0,
+    }
+    args.update(kwargs)
+    with pytest.raises(InvalidInput, match=message):
+        DeliveryObligation.record(**args)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"platform": ""}, "platform must not be empty"),
+        ({"platform": None}, "platform must be a str"),
+        ({"chat_id": ""}, "chat_id must not be empty"),
+        ({"chat_id": 3.5}, "chat_id must be a str"),
+        ({"thread_id": "\udfff"}, "thread_id is not valid Unicode"),
+    ],
+)
+def test_target_validation(kwargs: dict[str, object], message: str) -> None:
+    args: dict[str, object] = {"platform": "telegram", "chat_id": "1"}
+    args.update(kwargs)
+    with pytest.raises(InvalidInput, match=message):
+        DeliveryTarget(**args)  # type: ignore[arg-type]
+
+
+def test_numeric_chat_id_is_kept_as_string() -> None:
+    assert DeliveryTarget(platform="telegram", chat_id=-100123).chat_id == "-100123"  # type: ignore[arg-type]
