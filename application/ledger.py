@@ -160,7 +160,9 @@ class DeliveryLedger(Application[UUID]):
         obligation.start_attempt(by=self.owner, now=self.clock())
         self._save(obligation, "attempting")
 
-    def mark_delivered(self, obligation_id: str, receipt: Sequence[str] | str | None = None) -> None:
+    def mark_delivered(
+        self, obligation_id: str, receipt: Sequence[str] | str | None = None
+    ) -> None:
         if isinstance(receipt, str):
             receipt = [receipt]
         obligation = self._load(obligation_id)
@@ -226,7 +228,7 @@ class DeliveryLedger(Application[UUID]):
 
     def _load(self, obligation_id: str) -> DeliveryObligation:
         try:
-            aggregate = self.repository.get(self._uuid(obligation_id))
+            aggregate: DeliveryObligation = self.repository.get(self._uuid(obligation_id))
         except AggregateNotFoundError:
             raise NotFound("obligation", obligation_id) from None
         assert isinstance(aggregate, DeliveryObligation)
@@ -236,6 +238,12 @@ class DeliveryLedger(Application[UUID]):
         try:
             self.save(obligation)
         except IntegrityError:
-            log.info("obligation %s: %s lost to a concurrent writer", obligation.obligation_id, transition)
-            raise ConcurrentUpdate("DeliveryObligation", obligation.obligation_id, transition) from None
+            log.info(
+                "obligation %s: %s lost to a concurrent writer",
+                obligation.obligation_id,
+                transition,
+            )
+            raise ConcurrentUpdate(
+                "DeliveryObligation", obligation.obligation_id, transition
+            ) from None
         log.debug("obligation %s %s v%d", obligation.obligation_id, transition, obligation.version)

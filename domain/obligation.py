@@ -104,7 +104,10 @@ class DeliveryObligation(Aggregate):
         if not isinstance(target, DeliveryTarget):
             raise InvalidInput("target must be a DeliveryTarget")
         require_text("content", content, allow_empty=True)
-        if len(content) * 4 > MAX_CONTENT_BYTES and len(content.encode("utf-8")) > MAX_CONTENT_BYTES:
+        if (
+            len(content) * 4 > MAX_CONTENT_BYTES
+            and len(content.encode("utf-8")) > MAX_CONTENT_BYTES
+        ):
             raise InvalidInput(f"content is larger than {MAX_CONTENT_BYTES} bytes")
         if not isinstance(owner, OwnerIdentity):
             raise InvalidInput("owner must be an OwnerIdentity")
@@ -239,7 +242,9 @@ class DeliveryObligation(Aggregate):
         if not isinstance(error, str):
             raise InvalidInput("error must be a str")
         classification = ErrorClass(classification)
-        if retry_after is not None and (not isinstance(retry_after, int | float) or retry_after < 0):
+        if retry_after is not None and (
+            not isinstance(retry_after, int | float) or retry_after < 0
+        ):
             raise InvalidInput("retry_after must be a non-negative number of seconds")
         text = cut_error(error.encode("utf-8", "replace").decode("utf-8"))
         self._failed(
@@ -308,7 +313,12 @@ class DeliveryObligation(Aggregate):
         self.last_transition_at = timestamp
 
     def abandon(
-        self, *, reason: AbandonReason, now: datetime, by: OwnerIdentity | None = None, detail: str = ""
+        self,
+        *,
+        reason: AbandonReason,
+        now: datetime,
+        by: OwnerIdentity | None = None,
+        detail: str = "",
     ) -> None:
         require_aware("now", now)
         reason = AbandonReason(reason)

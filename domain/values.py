@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 import attrs
@@ -17,7 +17,7 @@ MAX_CONTENT_BYTES = 8 * 1024 * 1024
 """A reply larger than this is refused: no chat platform accepts it, and events stay small."""
 
 
-class ObligationState(str, Enum):
+class ObligationState(StrEnum):
     PENDING = "pending"
     ATTEMPTING = "attempting"
     DELIVERED = "delivered"
@@ -40,7 +40,7 @@ UNRESOLVED_STATES = frozenset(
 )
 
 
-class ErrorClass(str, Enum):
+class ErrorClass(StrEnum):
     """How a failed send is judged (reference §2 item 6)."""
 
     REJECTED = "rejected"  # the platform definitely refused it: it did not arrive
@@ -53,7 +53,7 @@ class ErrorClass(str, Enum):
         return self is ErrorClass.AMBIGUOUS
 
 
-class AbandonReason(str, Enum):
+class AbandonReason(StrEnum):
     MAX_ATTEMPTS = "max_attempts"
     STALE = "stale"
     DEAD_TARGET = "dead_target"

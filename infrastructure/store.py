@@ -17,7 +17,9 @@ def is_postgres_url(location: str) -> bool:
     return location.startswith(("postgresql://", "postgres://"))
 
 
-def sqlite_environment(path: str | Path, *, busy_timeout: int = DEFAULT_BUSY_TIMEOUT_SECONDS) -> dict[str, str]:
+def sqlite_environment(
+    path: str | Path, *, busy_timeout: int = DEFAULT_BUSY_TIMEOUT_SECONDS
+) -> dict[str, str]:
     location = str(path)
     if not location or location == ":memory:":
         raise InvalidInput("the ledger needs a database file path (':memory:' loses everything)")

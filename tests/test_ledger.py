@@ -102,7 +102,9 @@ def test_unknown_ids_raise_not_found(store_location: str) -> None:
 def test_illegal_transition_through_the_api_appends_nothing(store_location: str) -> None:
     ledger = DeliveryLedger.open(store_location)
     oid = record(ledger)
-    with pytest.raises(IllegalTransition, match=f"DeliveryObligation {oid} is pending; refused delivered"):
+    with pytest.raises(
+        IllegalTransition, match=f"DeliveryObligation {oid} is pending; refused delivered"
+    ):
         ledger.mark_delivered(oid)
     assert len(ledger.history(oid)) == 1
 

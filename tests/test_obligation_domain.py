@@ -43,8 +43,9 @@ def test_compute_obligation_id_is_upstream_formula() -> None:
     assert compute_obligation_id("agent:main:telegram:dm:99", "4711", "Hello") == expected
     assert len(expected) == 24
     # lone surrogates are hashed with "replace", exactly like upstream
-    assert compute_obligation_id("k", "", "\ud800") == (
-        hashlib.sha256("k||\ud800".encode("utf-8", "replace")).hexdigest()[:24]
+    assert (
+        compute_obligation_id("k", "", "\ud800")
+        == (hashlib.sha256("k||\ud800".encode("utf-8", "replace")).hexdigest()[:24])
     )
     # distinct threads on one chat never collide
     assert compute_obligation_id("a:t1", "m", "x") != compute_obligation_id("a:t2", "m", "x")
