@@ -55,6 +55,7 @@ class RecoverableEntry:
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> RecoverableEntry:
+        start_time = row["owner_start_time"]
         return cls(
             obligation_id=row["obligation_id"],
             aggregate_id=row["aggregate_id"],
@@ -64,7 +65,7 @@ class RecoverableEntry:
                 host=row["owner_host"],
                 boot_id=row["owner_boot_id"],
                 pid=int(row["owner_pid"]),
-                start_time=None if row["owner_start_time"] is None else int(row["owner_start_time"]),
+                start_time=None if start_time is None else int(start_time),
                 installation_id=row["owner_installation_id"],
             ),
             recovery_attempts=int(row["recovery_attempts"]),
@@ -206,9 +207,7 @@ class RecoverableObligations:
         """Every unresolved obligation, oldest first (the upstream sweep order)."""
         self.runner.ensure_tables()
         with self.dialect.read_cursor() as c:
-            c.execute(
-                f"SELECT {_COLUMNS} FROM {self.table} ORDER BY recorded_at, obligation_id"
-            )
+            c.execute(f"SELECT {_COLUMNS} FROM {self.table} ORDER BY recorded_at, obligation_id")
             return [RecoverableEntry.from_row(row) for row in c.fetchall()]
 
     def count(self) -> int:
