@@ -124,8 +124,28 @@ def redelivery(obligation: DeliveryObligation, needs_marker: bool) -> dict[str, 
     return item
 
 
+@attrs.frozen
+class _Decision:
+    """An aggregate the sweep changed in memory (claimed or abandoned), not yet saved."""
+
+    obligation: DeliveryObligation
+    seen_owner: OwnerIdentity
+    needs_marker: bool
+    abandon_reason: AbandonReason | None = None
+
+
+MAX_BATCH = 64
+"""Decisions saved together in one transaction: the commit is the dominant cost."""
+
+
 class RecoverySweep:
-    """One sweep by one ledger; build it per call (it caches liveness answers)."""
+    """One sweep by one ledger; build it per call (it caches liveness answers).
+
+    Decisions are saved in batches, one transaction each (all or nothing). A batch that
+    hits ``IntegrityError`` (someone else appended to one of its aggregates) is redone
+    one obligation at a time, each reloaded and judged again, and the batch size halves,
+    so a contended sweep degrades to single claims and an uncontended one commits rarely.
+    """
 
     def __init__(
         self,
@@ -133,6 +153,7 @@ class RecoverySweep:
         now: datetime,
         deliverable_platforms: Collection[str] | None,
         liveness: LivenessPolicy,
+        batch_size: int = MAX_BATCH,
     ) -> None:
         self.ledger = ledger
         self.now = now
@@ -140,6 +161,8 @@ class RecoverySweep:
         self.liveness = liveness
         self.me = ledger.owner
         self.tally = _Tally()
+        self.batch_size = max(1, batch_size)
+        self.won: list[dict[str, Any]] = []
         self._alive: dict[OwnerIdentity, bool] = {}
 
     def is_alive(self, owner: OwnerIdentity) -> bool:
@@ -153,30 +176,37 @@ class RecoverySweep:
         view = self.ledger.recoverable
         applied = view.catch_up()
         entries = view.entries()
-        won: list[dict[str, Any]] = []
+        batch: list[_Decision] = []
         for entry in entries:
             if entry.owner == self.me:
                 self.tally.skipped_own += 1
             elif self.is_alive(entry.owner):
                 self.tally.skipped_alive += 1
             else:
-                try:
-                    item = self.decide(entry.obligation_id, entry.owner)
-                except (PersistenceError, LedgerError) as e:
-                    # Keep what was already won: the caller must get it back.
-                    self.tally.errors += 1
-                    log.warning("sweep: obligation %s skipped: %s", entry.obligation_id, e)
-                    continue
-                if item is not None:
-                    won.append(item)
-        if won or self.tally.abandoned:
+                decision = self.guarded(self.decide, entry.obligation_id, entry.owner)
+                if decision is not None:
+                    batch.append(decision)
+                if len(batch) >= self.batch_size:
+                    self.commit(batch)
+                    batch = []
+        self.commit(batch)
+        if self.won or self.tally.abandoned:
             try:
                 applied += view.catch_up()  # reflect our own claims; repairable if it fails
             except PersistenceError as e:
                 log.warning("sweep: view catch-up after claims failed (repaired later): %s", e)
-        return self.tally.result(len(entries), applied, started), won
+        return self.tally.result(len(entries), applied, started), self.won
 
-    def decide(self, obligation_id: str, seen_owner: OwnerIdentity) -> dict[str, Any] | None:
+    def guarded(self, step: Callable[..., Any], obligation_id: str, *args: Any) -> Any:
+        """One obligation's trouble is logged and counted; what was won is still returned."""
+        try:
+            return step(obligation_id, *args)
+        except (PersistenceError, LedgerError) as e:
+            self.tally.errors += 1
+            log.warning("sweep: obligation %s skipped: %s", obligation_id, e)
+            return None
+
+    def decide(self, obligation_id: str, seen_owner: OwnerIdentity) -> _Decision | None:
         """Reload and let the aggregate decide; the view row may be out of date."""
         tally = self.tally
         try:
@@ -195,47 +225,74 @@ class RecoverySweep:
                 tally.lost_races += 1  # another sweeper claimed it since the view was read
                 return None
         policy = self.ledger.policy
+        reason = None
         if obligation.recovery_attempts >= policy.max_attempts:
-            return self.abandon(obligation, AbandonReason.MAX_ATTEMPTS)
-        if policy.is_stale(obligation.recorded_at, self.now):
-            return self.abandon(obligation, AbandonReason.STALE)
-        if self.platforms is not None and obligation.platform not in self.platforms:
+            reason = AbandonReason.MAX_ATTEMPTS
+        elif policy.is_stale(obligation.recorded_at, self.now):
+            reason = AbandonReason.STALE
+        elif self.platforms is not None and obligation.platform not in self.platforms:
             tally.skipped_offline += 1
             return None
         needs_marker = obligation.needs_marker
-        obligation.claim(by=self.me, now=self.now, policy=policy)
-        if not self.save(obligation):
-            return None
-        tally.claimed += 1
-        log.debug(
-            "sweep: claimed %s attempt=%d needs_marker=%s",
-            obligation_id,
-            obligation.recovery_attempts,
-            needs_marker,
-        )
-        return redelivery(obligation, needs_marker)
+        owner_before = obligation.owner
+        if reason is None:
+            obligation.claim(by=self.me, now=self.now, policy=policy)
+        else:
+            obligation.abandon(
+                reason=reason,
+                now=self.now,
+                by=self.me,
+                detail=f"recovery sweep: {obligation.recovery_attempts} recovery claims",
+            )
+        return _Decision(obligation, owner_before, needs_marker, reason)
 
-    def abandon(self, obligation: DeliveryObligation, reason: AbandonReason) -> None:
-        obligation.abandon(
-            reason=reason,
-            now=self.now,
-            by=self.me,
-            detail=f"recovery sweep: {obligation.recovery_attempts} recovery claims",
-        )
-        if self.save(obligation):
-            abandoned = self.tally.abandoned
-            abandoned[reason.value] = abandoned.get(reason.value, 0) + 1
-            log.info("sweep: abandoned %s (%s)", obligation.obligation_id, reason.value)
-        return None
-
-    def save(self, obligation: DeliveryObligation) -> bool:
+    def commit(self, batch: list[_Decision]) -> None:
+        if not batch:
+            return
         try:
-            self.ledger.save(obligation)
+            self.ledger.save(*(d.obligation for d in batch))
+        except (IntegrityError, PersistenceError) as e:
+            if len(batch) == 1 and isinstance(e, IntegrityError):
+                self.tally.lost_races += 1
+                log.debug(
+                    "sweep: %s taken by a concurrent sweeper", batch[0].obligation.obligation_id
+                )
+                return
+            self.batch_size = max(1, self.batch_size // 2)
+            log.debug("sweep: batch of %d refused (%s); redoing one by one", len(batch), e)
+            for d in batch:
+                self.guarded(self.redo, d.obligation.obligation_id, d.seen_owner)
+            return
+        for d in batch:
+            self.done(d)
+
+    def redo(self, obligation_id: str, seen_owner: OwnerIdentity) -> None:
+        decision = self.decide(obligation_id, seen_owner)
+        if decision is None:
+            return
+        try:
+            self.ledger.save(decision.obligation)
         except IntegrityError:
             self.tally.lost_races += 1
-            log.debug("sweep: %s taken by a concurrent sweeper", obligation.obligation_id)
-            return False
-        return True
+            log.debug("sweep: %s taken by a concurrent sweeper", obligation_id)
+            return
+        self.done(decision)
+
+    def done(self, d: _Decision) -> None:
+        obligation = d.obligation
+        if d.abandon_reason is not None:
+            reason = d.abandon_reason.value
+            self.tally.abandoned[reason] = self.tally.abandoned.get(reason, 0) + 1
+            log.info("sweep: abandoned %s (%s)", obligation.obligation_id, reason)
+            return
+        self.tally.claimed += 1
+        log.debug(
+            "sweep: claimed %s attempt=%d needs_marker=%s",
+            obligation.obligation_id,
+            obligation.recovery_attempts,
+            d.needs_marker,
+        )
+        self.won.append(redelivery(obligation, d.needs_marker))
 
 
 def sweep_recoverable(

@@ -130,9 +130,10 @@ class RecoverableObligations:
     def clear(self, cursor: Cursor, dialect: SqlDialect) -> None:
         cursor.execute(f"DELETE FROM {self.table}")
 
-    def apply(self, cursor: Cursor, dialect: SqlDialect, event: Any) -> None:
-        if not isinstance(event, DeliveryObligation.Event):
+    def apply(self, cursor: Cursor, dialect: SqlDialect, fact: object) -> None:
+        if not isinstance(fact, DeliveryObligation.Event):
             return  # another aggregate's event: not ours to index
+        event: Any = fact  # its fields depend on its type, dispatched on below
         kind = type(event).__name__
         aggregate_id = event.originator_id.hex
         version = event.originator_version
