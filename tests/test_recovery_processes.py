@@ -96,7 +96,7 @@ sys.stdin.readline()
 won = ledger.sweep_recoverable()
 r = ledger.last_sweep
 print(json.dumps({{"won": [w["obligation_id"] for w in won], "lost": r.lost_races,
-                  "claimed": r.claimed}}), flush=True)
+                  "claimed": r.claimed, "alive": r.skipped_alive}}), flush=True)
 """
 
 
@@ -116,11 +116,12 @@ def test_four_sweepers_at_once_claim_each_obligation_exactly_once(store_location
         assert child.returncode == 0, err
         reports.append(json.loads(out.strip().splitlines()[-1]))
 
-    print(reports and [(len(r["won"]), r["lost"]) for r in reports])
     per_obligation = Counter(oid for report in reports for oid in report["won"])
     assert set(per_obligation) == set(ids)  # the union is all 500
     assert set(per_obligation.values()) == {1}  # each claimed by exactly one
     assert sum(r["claimed"] for r in reports) == 500
+    for r in reports:  # every candidate is accounted for: won, lost, or seen taken
+        assert r["claimed"] + r["lost"] + r["alive"] == 500
     ledger = DeliveryLedger.open(store_location)
     sample = ids[::50]
     for oid in sample:
