@@ -13,6 +13,7 @@ from recovery_support import dead_owner
 from gateway_ledger.application.ledger import DeliveryLedger
 from gateway_ledger.application.recovery import LocalLiveness
 from gateway_ledger.domain.values import OwnerIdentity
+from gateway_ledger.infrastructure.clock import Clock
 from gateway_ledger.infrastructure.process_identity import (
     boot_id,
     current_owner,
@@ -22,7 +23,7 @@ from gateway_ledger.infrastructure.process_identity import (
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 
-def at(moment: datetime):  # noqa: ANN201 - a Clock
+def at(moment: datetime) -> Clock:
     return lambda: moment
 
 
