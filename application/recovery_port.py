@@ -1,0 +1,45 @@
+"""The two things ``Gateway.start`` needs from the rest of gateway-ledger, as small seams.
+
+- a recovery sweep with the upstream signature (issue 3's ``DeliveryLedger.sweep_recoverable``);
+- a session store that can clear an interrupted conversation's resume flag (issue 4).
+
+Either may be absent: without a session store nothing is resumed or cleared; without a
+ledger sweep the interim scan in ``interim_sweep`` is used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from datetime import datetime
+from typing import Any, Protocol, runtime_checkable
+
+RECOVERED_KEYS = (
+    "obligation_id",
+    "session_key",
+    "platform",
+    "chat_id",
+    "thread_id",
+    "content",
+    "needs_marker",
+    "attempts",
+    "reply_to",
+    "media",
+    "metadata",
+)
+
+
+class RecoverySweep(Protocol):
+    def __call__(
+        self, now: datetime | None = None, *, deliverable_platforms: Collection[str] | None = None
+    ) -> list[dict[str, Any]]: ...
+
+
+@runtime_checkable
+class ResumableSessions(Protocol):
+    """What the gateway needs from a session store at boot."""
+
+    def clear_resume(self, session_key: str, now: datetime) -> None:
+        """The turn's reply is owed and being redelivered: do not re-run the turn."""
+
+    def pending_resumes(self, now: datetime) -> list[str]:
+        """Session keys of interrupted conversations that should auto-continue now."""
