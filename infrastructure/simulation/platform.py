@@ -57,6 +57,23 @@ class PlatformBehaviour:
     idempotent: bool = False
     hold_after_arrival: float = 0.0  # widen the window where a kill loses the confirmation
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PlatformBehaviour:
+        d = dict(data)
+        for name in ("latency", "retry_after"):
+            if name in d:
+                d[name] = tuple(d[name])
+        if "dead_chats" in d:
+            d["dead_chats"] = frozenset(d["dead_chats"])
+        return cls(**d)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = attrs.asdict(self)
+        d["dead_chats"] = sorted(self.dead_chats)
+        d["latency"] = list(self.latency)
+        d["retry_after"] = list(self.retry_after)
+        return d
+
 
 def open_journal(path: str | Path) -> sqlite3.Connection:
     conn = sqlite3.connect(str(path), timeout=30, isolation_level=None, check_same_thread=False)
@@ -138,8 +155,7 @@ class SimulatedPlatform(AdapterBase):
             media[0].uri if media else None,
             idempotency_key if b.idempotent else None,
         )
-        if b.hold_after_arrival:
-            await asyncio.sleep(b.hold_after_arrival)
+        await asyncio.sleep(b.hold_after_arrival or rng.uniform(*b.latency))
         if roll < b.ambiguous_after:
             raise TimeoutError("response lost after the message arrived")
         return SendResult.ok(message_id)
