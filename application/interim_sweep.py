@@ -74,6 +74,9 @@ def interim_sweep(
         except IntegrityError:
             log.info("obligation %s taken by another sweeper", agg.obligation_id)
             continue
+        except Exception as e:  # one bad write must not hide the rest of the work
+            log.warning("sweep of %s failed: %s", agg.obligation_id, type(e).__name__)
+            continue
         won.append(
             {
                 "obligation_id": agg.obligation_id,

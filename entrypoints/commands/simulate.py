@@ -65,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         ("gateways killed (SIGKILL)", report.kills),
         ("sweeping gateways started", report.sweeper_runs),
         ("ledger faults", report.ledger_faults),
+        ("gateway processes that failed", report.gateway_failures),
         ("throughput", f"{report.obligations_per_second} obligations/s in {report.seconds} s"),
         ("store", report.db),
     ]

@@ -60,13 +60,19 @@ class Report:
     restarts: int = 0
     sweeper_runs: int = 0
     ledger_faults: int = 0
+    gateway_failures: int = 0
     seconds: float = 0.0
     obligations_per_second: float = 0.0
     db: str = ""
 
     @property
     def ok(self) -> bool:
-        return self.lost == 0 and self.unlabelled_duplicates == 0 and self.unresolved == 0
+        return (
+            self.lost == 0
+            and self.unlabelled_duplicates == 0
+            and self.unresolved == 0
+            and self.gateway_failures == 0
+        )
 
     def to_dict(self) -> dict[str, Any]:
         d = attrs.asdict(self)
@@ -102,10 +108,17 @@ class Simulation:
         )
 
     def _spawn(self, role: str, index: int) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            [sys.executable, "-m", WORKER_MODULE, str(self.spec_path), role, str(index)],
-            stdout=subprocess.DEVNULL,
-        )
+        with open(self.run_dir / f"{role}-{index}.log", "ab") as log_file:
+            return subprocess.Popen(
+                [sys.executable, "-m", WORKER_MODULE, str(self.spec_path), role, str(index)],
+                stdout=subprocess.DEVNULL,
+                stderr=log_file,
+            )
+
+    def _reap(self, procs: list[subprocess.Popen[bytes]]) -> None:
+        for proc in procs:
+            if proc.wait(timeout=60) != 0:
+                self.report.gateway_failures += 1
 
     def _done(self, index: int) -> bool:
         return (self.run_dir / f"done-{index}").exists()
@@ -138,15 +151,13 @@ class Simulation:
                 next_kill = time.monotonic() + self.rng.uniform(0.3, 1.0)
             self._show(started)
             time.sleep(0.05)
-        for proc in sweepers:
-            proc.wait()
+        self._reap(list(workers.values()) + sweepers)  # an exiting owner still looks alive
         # Closing time: two gateways sweep the same store at once until nothing is owed.
         for _ in range(8):
             if self._unresolved_count() == 0:
                 break
             pair = [self._spawn("sweeper", 900 + n) for n in range(2)]
-            for proc in pair:
-                proc.wait()
+            self._reap(pair)
             self.report.sweeper_runs += 2
             self._show(started)
         self.report.seconds = round(time.monotonic() - started, 2)
@@ -239,6 +250,6 @@ class Simulation:
         finally:
             ledger.close()
         r.abandoned = dict(sorted(abandoned.items()))
-        for path in self.run_dir.glob("*-*-*.json"):
+        for path in self.run_dir.glob("*-*-*.json"):  # one per gateway process that finished
             r.ledger_faults += json.loads(path.read_text()).get("ledger_faults", 0)
         r.obligations_per_second = round(r.obligations / r.seconds, 1) if r.seconds else 0.0
