@@ -200,13 +200,13 @@ class Simulation:
             for msg in read_journal(journal):
                 r.messages_received += 1
                 if msg.media_uri is not None:
-                    ident = ("media", msg.media_uri)
+                    part_id = ("media", msg.media_uri)
                 else:
                     text = msg.content
                     if text.startswith(DUPLICATE_NOTICE):
                         text = text[len(DUPLICATE_NOTICE) :].removeprefix("\n")
-                    ident = ("text", text)
-                copies.setdefault((msg.reply_to or "", *ident), []).append(msg)
+                    part_id = ("text", text)
+                copies.setdefault((msg.reply_to or "", *part_id), []).append(msg)
         abandoned: Counter[str] = Counter()
         ledger = DeliveryLedger.open(self.db)
         try:
