@@ -433,8 +433,8 @@ class SessionStore(Application[UUID]):
         time)? Message ids are unique only per chat on some platforms (Telegram), so the chat
         is part of the question: pass the SessionSource, or the platform and ``chat_id``."""
         if isinstance(platform, SessionSource):
-            platform, chat_id = platform.platform, platform.chat_id
-        assert isinstance(platform, str)
+            chat_id = platform.chat_id
+            platform = platform.platform
         if chat_id is None:
             raise InvalidInput("seen() needs the chat: pass a SessionSource or chat_id=")
         require_text("platform", platform)

@@ -9,7 +9,7 @@ only receives it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import date, datetime, time, timedelta, tzinfo
+from datetime import UTC, date, datetime, time, timedelta, tzinfo
 from enum import StrEnum
 from typing import Any
 
@@ -88,7 +88,8 @@ def latest_daily_boundary(now: datetime, at_hour: int, zone: tzinfo) -> datetime
     local_now = now.astimezone(zone)
     day: date = local_now.date()
     for _ in range(3):
-        candidate = datetime.combine(day, time(at_hour), tzinfo=zone)
+        # In UTC: an ambiguous local time (DST fall-back) never compares equal across zones.
+        candidate = datetime.combine(day, time(at_hour), tzinfo=zone).astimezone(UTC)
         if candidate <= now:
             return candidate
         day -= timedelta(days=1)
