@@ -113,8 +113,8 @@ class SessionStore(Application[UUID]):
 
     name = SESSIONS_APPLICATION_NAME
     snapshotting_intervals: ClassVar[dict[Any, int]] = {
-        Session: 100,
-        SessionRoute: 50,
+        Session: 20,
+        SessionRoute: 20,
     }
 
     def __init__(
