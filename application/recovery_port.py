@@ -43,3 +43,26 @@ class ResumableSessions(Protocol):
 
     def pending_resumes(self, now: datetime) -> list[str]:
         """Session keys of interrupted conversations that should auto-continue now."""
+
+
+class SessionStoreResume:
+    """:class:`ResumableSessions` over the ``SessionStore`` (issue 4).
+
+    The store decides auto-continue in ``resolve`` (freshness window), so nothing is listed
+    here: once ``start`` returns, the gateway resolves its interrupted conversations as usual
+    and only those whose reply was *not* owed in the ledger still carry the resume flag.
+    """
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def clear_resume(self, session_key: str, now: datetime) -> None:
+        route = self.store._get_route(session_key)
+        if route is None:
+            return
+        session = self.store._load_session(route.session_id)
+        if session.resume_pending:
+            self.store.clear_resume_pending(route.session_id, now=now)
+
+    def pending_resumes(self, now: datetime) -> list[str]:
+        return []

@@ -250,3 +250,33 @@ def test_multi_part_recovery_resends_only_unconfirmed_parts(store_location: str)
             assert types(gw, oid).count("PartDelivered") == 3  # p0 before, then 1 and 2
 
     run(main())
+
+
+def test_recovered_reply_clears_the_real_session_resume_flag(tmp_path: Any) -> None:
+    """With issue 4's SessionStore: the redelivered turn is not re-run after the restart."""
+    from gateway_ledger.application.recovery_port import SessionStoreResume
+    from gateway_ledger.application.sessions import SessionStore
+    from gateway_ledger.domain.session_source import SessionSource
+
+    async def main() -> None:
+        store = SessionStore.open(tmp_path / "sessions.db")
+        source = SessionSource(platform="telegram", chat_id="99", chat_type="dm", user_id="u1")
+        session = store.resolve(source)
+        store.mark_resume_pending(session.session_id)
+        ctx = ReplyContext.from_session(session)
+        dead = Gateway.open(tmp_path / "ledger.db", owner=dead_owner())
+        hung = ScriptedAdapter(script=["hang"])
+        await dead.start([hung])
+        task = asyncio.create_task(dead.deliver(ctx, Reply("the answer"), "in-1"))
+        while not hung.sent:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await dead.close()
+
+        resume = SessionStoreResume(store)
+        async with Gateway.open(tmp_path / "ledger.db", sessions=resume) as gw:
+            report = await gw.start([ScriptedAdapter()])
+            assert report.redelivered == 1
+        assert store.resolve(source).should_auto_continue is False
+
+    run(main())

@@ -81,7 +81,10 @@ def default_platforms(dead: list[str]) -> dict[str, PlatformBehaviour]:
     }
 
 
-_WORDS = ("the reply owed to a user arrives once or says it may be a duplicate").split(" ")
+_WORDS = (
+    "the", "reply", "owed", "to", "a", "user", "arrives", "once",
+    "or", "says", "it", "may", "be", "a", "duplicate",
+)  # fmt: skip
 
 
 def build_turns(seed: int, conversations: int, turns: int) -> tuple[list[Turn], list[str]]:
