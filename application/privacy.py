@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 import attrs
@@ -32,9 +32,11 @@ log = logging.getLogger("gateway_ledger.privacy")
 
 __all__ = ["DELIVERY_PRIVACY", "ERASED", "ErasureReport", "forget_session"]
 
+_Obligation: Any = DeliveryObligation  # its event classes are made at runtime
+
 DELIVERY_PRIVACY = PrivacyPolicy(
     SealedEvent(
-        DeliveryObligation.Recorded,
+        _Obligation.Recorded,
         (
             "session_key",
             "content",
@@ -47,9 +49,9 @@ DELIVERY_PRIVACY = PrivacyPolicy(
         ),
         subject_from="session_key",
     ),
-    SealedEvent(DeliveryObligation.Delivered, ("receipt",)),
-    SealedEvent(DeliveryObligation.Failed, ("error",)),
-    SealedEvent(DeliveryObligation.Abandoned, ("detail",)),
+    SealedEvent(_Obligation.Delivered, ("receipt",)),
+    SealedEvent(_Obligation.Failed, ("error",)),
+    SealedEvent(_Obligation.Abandoned, ("detail",)),
 )
 """Personal: what was said, to whom, where, and what the platform echoed back.
 In clear: obligation id, states, times, attempts, fence, platform, owner, error class."""
@@ -125,9 +127,7 @@ def obligations_of(ledger: DeliveryLedger, subject_id: str) -> list[UUID]:
     """Every obligation recorded for the subject (found by its clear subject id)."""
     mapper = ledger.private_mapper
     needle = f'"s":"{subject_id}"'.encode()
-    topics = [
-        e.topic for e in mapper.policy.events if e.subject_from and _is_obligation(e.event)
-    ]
+    topics = [e.topic for e in mapper.policy.events if e.subject_from and _is_obligation(e.event)]
     found = mapper.keyring.table.originators_mentioning(topics, needle)
     return [UUID(o) for o in found]
 
@@ -141,7 +141,7 @@ def _abandon_unresolved(ledger: DeliveryLedger, subject_id: str) -> list[str]:
     for aggregate_id in obligations_of(ledger, subject_id):
         for _ in range(_RETRIES):
             try:
-                obligation = ledger.repository.get(aggregate_id)
+                obligation: object = ledger.repository.get(aggregate_id)
             except AggregateNotFoundError:
                 break
             if not isinstance(obligation, DeliveryObligation) or obligation.is_resolved:

@@ -61,7 +61,8 @@ class SQLiteKeyTable:
                 "subject_id TEXT NOT NULL UNIQUE, wrapped BLOB NOT NULL, created_at TEXT NOT NULL)"
             )
             conn.execute(
-                f"CREATE TABLE IF NOT EXISTS {META_TABLE} (name TEXT PRIMARY KEY, value TEXT NOT NULL)"
+                f"CREATE TABLE IF NOT EXISTS {META_TABLE} "
+                "(name TEXT PRIMARY KEY, value TEXT NOT NULL)"
             )
             self._conn = conn
         return self._conn
@@ -99,9 +100,7 @@ class SQLiteKeyTable:
         return (str(rows[0][0]), bytes(rows[0][1])) if rows else None
 
     def get(self, key_id: str) -> tuple[str, bytes] | None:
-        rows = self._read(
-            f"SELECT subject_id, wrapped FROM {KEYS_TABLE} WHERE key_id=?", (key_id,)
-        )
+        rows = self._read(f"SELECT subject_id, wrapped FROM {KEYS_TABLE} WHERE key_id=?", (key_id,))
         return (str(rows[0][0]), bytes(rows[0][1])) if rows else None
 
     def insert(self, key_id: str, subject_id: str, wrapped: bytes, created_at: str) -> None:
@@ -246,9 +245,9 @@ class PostgresKeyTable:
         with self.datastore.transaction(commit=True) as cur:
             cur.execute("SET LOCAL synchronous_commit TO OFF")
             cur.execute(
-                self.sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING").format(
-                    self.keys
-                ),
+                self.sql.SQL(
+                    "INSERT INTO {} VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING"
+                ).format(self.keys),
                 (key_id, subject_id, wrapped, created_at),
             )
 

@@ -89,8 +89,10 @@ class KeyRing:
         self._table: KeyTable | None = None
         self.location = location
         self.key_file = key_file
-        ttl = cache_ttl if cache_ttl is not None else float(
-            os.environ.get(CACHE_TTL_ENV, DEFAULT_CACHE_TTL)
+        ttl = (
+            cache_ttl
+            if cache_ttl is not None
+            else float(os.environ.get(CACHE_TTL_ENV, DEFAULT_CACHE_TTL))
         )
         self._sealing = _LRU(cache_size, ttl)  # subject_id -> (key_id, AESGCM)
         self._opening = _LRU(cache_size, ttl)  # key_id -> (subject_id, AESGCM) | None
@@ -197,7 +199,9 @@ class KeyRing:
         try:
             return self._wrap.decrypt(wrapped[:12], wrapped[12:], _wrap_aad(key_id, subject_id))
         except InvalidTag:
-            raise MasterKeyMismatch(f"data key {key_id} does not open with this master key") from None
+            raise MasterKeyMismatch(
+                f"data key {key_id} does not open with this master key"
+            ) from None
 
 
 def _wrap_aad(key_id: str, subject_id: str) -> bytes:

@@ -17,6 +17,7 @@ Declaring a new event type private is one line in a policy::
 from __future__ import annotations
 
 import base64
+import contextlib
 import logging
 import os
 from collections.abc import Callable
@@ -133,10 +134,8 @@ class PrivateMapper(Mapper[UUID]):
 
     def _remember(self, originator_id: str, subject: str) -> None:
         if len(self._subjects) >= _MAX_REMEMBERED:
-            try:
+            with contextlib.suppress(StopIteration, KeyError, RuntimeError):
                 del self._subjects[next(iter(self._subjects))]
-            except (StopIteration, KeyError, RuntimeError):
-                pass
         self._subjects[originator_id] = subject
 
     # -- writing ----------------------------------------------------------------------------
@@ -217,7 +216,7 @@ class PrivateMapper(Mapper[UUID]):
         envelope = event_state.pop(SEALED, None)
         if envelope is not None:
             self._open(envelope, event_state, stored_event)
-        id_convertor = find_id_convertor(cls, type(stored_event.originator_id))
+        id_convertor = find_id_convertor(cls, type(stored_event.originator_id))  # type: ignore[arg-type]
         event_state["originator_id"] = id_convertor(stored_event.originator_id)
         event_state["originator_version"] = stored_event.originator_version
         class_version = getattr(cls, "class_version", 1)
@@ -244,7 +243,9 @@ class PrivateMapper(Mapper[UUID]):
             plain = aead.decrypt(
                 blob[:12],
                 blob[12:],
-                _aad(subject, key_id, stored.originator_id, stored.originator_version, stored.topic),
+                _aad(
+                    subject, key_id, stored.originator_id, stored.originator_version, stored.topic
+                ),
             )
         except InvalidTag:
             log.warning(
