@@ -16,7 +16,12 @@ from uuid import UUID
 from eventsourcing.application import AggregateNotFoundError, Application
 from eventsourcing.persistence import IntegrityError, Transcoder
 
-from gateway_ledger.application.privacy import DELIVERY_PRIVACY, ErasureReport, forget_in_ledger
+from gateway_ledger.application.privacy import (
+    DELIVERY_PRIVACY,
+    ErasureReport,
+    forget_in_ledger,
+    is_erased,
+)
 from gateway_ledger.application.views import HistoryEntry, ObligationStatus
 from gateway_ledger.domain.errors import ConcurrentUpdate, InvalidInput, NotFound
 from gateway_ledger.domain.obligation import DeliveryObligation, obligation_uuid
@@ -221,6 +226,10 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
     def forget_session(self, session_key: str, *, requested_by: str = "") -> ErasureReport:
         """Erase the session's personal data; its history stays, showing ``[erased]``."""
         return forget_in_ledger(self, session_key, requested_by=requested_by)
+
+    def is_erased(self, obligation_id: str) -> bool:
+        """True when the obligation's session was forgotten: never send it, abandon it."""
+        return is_erased(self, self._uuid(obligation_id))
 
     # -- reads --------------------------------------------------------------------------------
 

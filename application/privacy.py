@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 import attrs
+import orjson
 from eventsourcing.application import AggregateNotFoundError
 from eventsourcing.persistence import IntegrityError
 
@@ -158,6 +159,20 @@ def _abandon_unresolved(ledger: DeliveryLedger, subject_id: str) -> list[str]:
         else:
             log.warning("obligation %s kept changing; not abandoned", aggregate_id)
     return abandoned
+
+
+def is_erased(ledger: DeliveryLedger, aggregate_id: UUID) -> bool:
+    """True when the obligation's personal data can no longer be opened (its key is gone).
+
+    A recovery path checks this before sending: such an obligation is abandoned with
+    reason ``erased``, never sent as ``[erased]``. Costs one indexed read, no decryption.
+    """
+    mapper = ledger.private_mapper
+    stored = mapper.first_event(aggregate_id) if mapper.first_event else None
+    if stored is None or b'"_sealed_"' not in stored.state:
+        return False
+    envelope = orjson.loads(stored.state)["_sealed_"]
+    return "k" in envelope and mapper.keyring.opening_key(envelope["s"], envelope["k"]) is None
 
 
 def erasures(ledger: DeliveryLedger) -> list[Erasure]:

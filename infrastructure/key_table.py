@@ -28,8 +28,8 @@ class KeyTable(Protocol):
     def get_meta(self, name: str) -> str | None: ...
     def put_meta_once(self, name: str, value: str) -> str: ...
     def find(self, subject_id: str) -> tuple[str, bytes] | None: ...
-    def get(self, key_id: str) -> tuple[str, bytes] | None: ...
-    def insert(self, key_id: str, subject_id: str, wrapped: bytes, created_at: str) -> None: ...
+    def get(self, subject_id: str, key_id: str) -> bytes | None: ...
+    def insert(self, key_id: str, subject_id: str, wrapped: bytes, created_at: str) -> bool: ...
     def destroy(self, subject_id: str) -> list[str]: ...
     def rows(self) -> list[tuple[str, str, bytes]]: ...
     def originators_mentioning(self, topics: Sequence[str], needle: bytes) -> list[str]: ...
@@ -57,8 +57,9 @@ class SQLiteKeyTable:
             conn.execute("PRAGMA secure_delete=ON")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute(
-                f"CREATE TABLE IF NOT EXISTS {KEYS_TABLE} (key_id TEXT PRIMARY KEY, "
-                "subject_id TEXT NOT NULL UNIQUE, wrapped BLOB NOT NULL, created_at TEXT NOT NULL)"
+                f"CREATE TABLE IF NOT EXISTS {KEYS_TABLE} (subject_id TEXT PRIMARY KEY, "
+                "key_id TEXT NOT NULL, wrapped BLOB NOT NULL, created_at TEXT NOT NULL) "
+                "WITHOUT ROWID"
             )
             conn.execute(
                 f"CREATE TABLE IF NOT EXISTS {META_TABLE} "
@@ -71,9 +72,11 @@ class SQLiteKeyTable:
         with self._lock:
             return self._connection().execute(statement, tuple(params)).fetchall()
 
-    def _write(self, statements: Sequence[tuple[str, tuple[Any, ...]]]) -> None:
+    def _write(self, statements: Sequence[tuple[str, tuple[Any, ...]]]) -> int:
+        """Run the statements in one write transaction; return the rows they changed."""
         with self._lock:
             conn = self._connection()
+            before = conn.total_changes
             conn.execute("BEGIN IMMEDIATE")
             try:
                 for statement, params in statements:
@@ -82,6 +85,7 @@ class SQLiteKeyTable:
                 conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
+            return conn.total_changes - before
 
     def get_meta(self, name: str) -> str | None:
         rows = self._read(f"SELECT value FROM {META_TABLE} WHERE name=?", (name,))
@@ -99,19 +103,25 @@ class SQLiteKeyTable:
         )
         return (str(rows[0][0]), bytes(rows[0][1])) if rows else None
 
-    def get(self, key_id: str) -> tuple[str, bytes] | None:
-        rows = self._read(f"SELECT subject_id, wrapped FROM {KEYS_TABLE} WHERE key_id=?", (key_id,))
-        return (str(rows[0][0]), bytes(rows[0][1])) if rows else None
+    def get(self, subject_id: str, key_id: str) -> bytes | None:
+        rows = self._read(
+            f"SELECT wrapped FROM {KEYS_TABLE} WHERE subject_id=? AND key_id=?",
+            (subject_id, key_id),
+        )
+        return bytes(rows[0][0]) if rows else None
 
-    def insert(self, key_id: str, subject_id: str, wrapped: bytes, created_at: str) -> None:
-        self._write(
+    def insert(self, key_id: str, subject_id: str, wrapped: bytes, created_at: str) -> bool:
+        """Store a new key unless the subject has one (a concurrent creator won): True if ours."""
+        changed = self._write(
             [
                 (
-                    f"INSERT OR IGNORE INTO {KEYS_TABLE} VALUES (?, ?, ?, ?)",
-                    (key_id, subject_id, wrapped, created_at),
+                    f"INSERT OR IGNORE INTO {KEYS_TABLE} "
+                    "(subject_id, key_id, wrapped, created_at) VALUES (?, ?, ?, ?)",
+                    (subject_id, key_id, wrapped, created_at),
                 )
             ]
         )
+        return changed == 1
 
     def destroy(self, subject_id: str) -> list[str]:
         """Delete, zero the freed space, and truncate the WAL that still held the old page."""
@@ -233,23 +243,27 @@ class PostgresKeyTable:
         )
         return (str(rows[0]["key_id"]), bytes(rows[0]["wrapped"])) if rows else None
 
-    def get(self, key_id: str) -> tuple[str, bytes] | None:
+    def get(self, subject_id: str, key_id: str) -> bytes | None:
         rows = self._read(
-            self.sql.SQL("SELECT subject_id, wrapped FROM {} WHERE key_id=%s").format(self.keys),
-            (key_id,),
+            self.sql.SQL("SELECT wrapped FROM {} WHERE subject_id=%s AND key_id=%s").format(
+                self.keys
+            ),
+            (subject_id, key_id),
         )
-        return (str(rows[0]["subject_id"]), bytes(rows[0]["wrapped"])) if rows else None
+        return bytes(rows[0]["wrapped"]) if rows else None
 
-    def insert(self, key_id: str, subject_id: str, wrapped: bytes, created_at: str) -> None:
+    def insert(self, key_id: str, subject_id: str, wrapped: bytes, created_at: str) -> bool:
         self._ensure()
         with self.datastore.transaction(commit=True) as cur:
             cur.execute("SET LOCAL synchronous_commit TO OFF")
             cur.execute(
                 self.sql.SQL(
-                    "INSERT INTO {} VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING"
+                    "INSERT INTO {} (subject_id, key_id, wrapped, created_at) "
+                    "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING"
                 ).format(self.keys),
-                (key_id, subject_id, wrapped, created_at),
+                (subject_id, key_id, wrapped, created_at),
             )
+            return bool(cur.rowcount == 1)
 
     def destroy(self, subject_id: str) -> list[str]:
         self._ensure()

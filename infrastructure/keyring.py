@@ -99,6 +99,7 @@ class KeyRing:
         self._init_lock = threading.Lock()
         self._wrap: AESGCM | None = None
         self._name_key = b""
+        self._names: dict[str, str] = {}  # session key -> subject id (pure function, cached)
         _keyrings.add(self)
 
     # -- set-up -----------------------------------------------------------------------------
@@ -131,10 +132,17 @@ class KeyRing:
 
     def subject_id(self, session_key: str) -> str:
         """A keyed, stable name for a session key: links its events, reveals nothing."""
+        known = self._names.get(session_key)
+        if known is not None:
+            return known
         if self._table is None:
             self._setup()
         digest = hmac.new(self._name_key, session_key.encode("utf-8"), hashlib.sha256)
-        return digest.hexdigest()[:32]
+        name = digest.hexdigest()[:32]
+        if len(self._names) >= DEFAULT_CACHE_SIZE:
+            self._names.clear()
+        self._names[session_key] = name
+        return name
 
     def sealing_key(self, subject_id: str) -> tuple[str, AESGCM]:
         """The subject's current data key, created (and stored wrapped) on first use."""
@@ -148,26 +156,28 @@ class KeyRing:
             key_id = secrets.token_hex(12)
             dek = AESGCM.generate_key(bit_length=256)
             created = datetime.now(UTC).isoformat()
-            table.insert(key_id, subject_id, self._wrap_key(key_id, subject_id, dek), created)
-            row = table.find(subject_id)  # a concurrent creator may have won: use its key
-            assert row is not None
-            log.debug("data key created for subject %s", subject_id)
-        key_id, wrapped = row
-        aead = AESGCM(self._unwrap_key(key_id, subject_id, wrapped))
+            if table.insert(key_id, subject_id, self._wrap_key(key_id, subject_id, dek), created):
+                aead = AESGCM(dek)
+                log.debug("data key created for subject %s", subject_id)
+            else:
+                row = table.find(subject_id)  # a concurrent creator won: use its key
+                assert row is not None
+        if row is not None:
+            key_id, wrapped = row
+            aead = AESGCM(self._unwrap_key(key_id, subject_id, wrapped))
         self._sealing.put(subject_id, (key_id, aead), now)
         self._opening.put(key_id, (subject_id, aead), now)
         return key_id, aead
 
-    def opening_key(self, key_id: str) -> tuple[str, AESGCM] | None:
-        """The key with this id, or None when it was destroyed (the subject was erased)."""
+    def opening_key(self, subject_id: str, key_id: str) -> tuple[str, AESGCM] | None:
+        """The subject's key with this id, or None when it was destroyed (erased)."""
         now = time.monotonic()
         hit, value = self._opening.get(key_id, now)
         if hit:
             return value  # type: ignore[return-value]
-        row = self.table.get(key_id)
+        wrapped = self.table.get(subject_id, key_id)
         result = None
-        if row is not None:
-            subject_id, wrapped = row
+        if wrapped is not None:
             result = (subject_id, AESGCM(self._unwrap_key(key_id, subject_id, wrapped)))
         self._opening.put(key_id, result, now)
         return result

@@ -234,7 +234,7 @@ class PrivateMapper(Mapper[UUID]):
         if "c" not in envelope:
             return
         key_id = envelope["k"]
-        key = self.keyring.opening_key(key_id)
+        key = self.keyring.opening_key(subject, key_id)
         if key is None:
             return  # erased: the clear placeholders are what remains
         _, aead = key

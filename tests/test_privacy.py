@@ -259,8 +259,10 @@ def test_unresolved_obligation_of_erased_subject_is_never_sent(store_location: s
         obligation_id="o-owed", session_key=SESSION_KEY, platform="x", chat_id=CHAT_ID, content=TEXT
     )
     ledger.forget_session(SESSION_KEY)
-    status = DeliveryLedger.open(store_location).get("o-owed")
+    fresh = DeliveryLedger.open(store_location)
+    status = fresh.get("o-owed")
     assert (status.state, status.abandon_reason) == ("abandoned", "erased")
+    assert fresh.is_erased("o-owed")
     with pytest.raises(LedgerError):
         ledger.mark_attempting("o-owed")
 
@@ -276,6 +278,7 @@ def test_session_used_again_after_erasure_gets_a_new_key(store_location: str) ->
     )
     fresh = DeliveryLedger.open(store_location)
     assert fresh.get("o-2").content == "new"
+    assert fresh.is_erased("o-1") and not fresh.is_erased("o-2")
     assert fresh.get("o-1").content == ERASED
     second = fresh.forget_session(SESSION_KEY)
     assert second.destroyed_keys and second.destroyed_keys != first.destroyed_keys
