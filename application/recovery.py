@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Collection
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
+from uuid import UUID
 
 import attrs
 from eventsourcing.persistence import IntegrityError, PersistenceError
@@ -24,7 +25,9 @@ from eventsourcing.persistence import IntegrityError, PersistenceError
 from gateway_ledger.domain.errors import LedgerError, NotFound
 from gateway_ledger.domain.obligation import DeliveryObligation
 from gateway_ledger.domain.values import AbandonReason, OwnerIdentity, require_aware
+from gateway_ledger.infrastructure.bulk_events import load_aggregates
 from gateway_ledger.infrastructure.process_identity import is_alive_locally
+from gateway_ledger.projections.recoverable import RecoverableEntry
 
 if TYPE_CHECKING:
     from gateway_ledger.application.ledger import DeliveryLedger
@@ -134,6 +137,8 @@ class _Decision:
     abandon_reason: AbandonReason | None = None
 
 
+_MISSING: Any = object()
+
 MAX_BATCH = 64
 """Decisions saved together in one transaction: the commit is the dominant cost."""
 
@@ -176,26 +181,37 @@ class RecoverySweep:
         view = self.ledger.recoverable
         applied = view.catch_up()
         entries = view.entries()
-        batch: list[_Decision] = []
+        orphaned = []
         for entry in entries:
             if entry.owner == self.me:
                 self.tally.skipped_own += 1
             elif self.is_alive(entry.owner):
                 self.tally.skipped_alive += 1
             else:
-                decision = self.guarded(self.decide, entry.obligation_id, entry.owner)
+                orphaned.append(entry)
+        position = 0
+        while position < len(orphaned):
+            chunk = orphaned[position : position + self.batch_size]
+            position += len(chunk)
+            loaded = self.guarded(self.load, "(batch)", chunk)
+            batch = []
+            for entry in chunk:
+                # If the batched read failed, each one is read on its own instead.
+                found = None if loaded is None else loaded.get(UUID(entry.aggregate_id), _MISSING)
+                decision = self.guarded(self.decide, entry.obligation_id, entry.owner, found)
                 if decision is not None:
                     batch.append(decision)
-                if len(batch) >= self.batch_size:
-                    self.commit(batch)
-                    batch = []
-        self.commit(batch)
+            self.commit(batch)
         if self.won or self.tally.abandoned:
             try:
                 applied += view.catch_up()  # reflect our own claims; repairable if it fails
             except PersistenceError as e:
                 log.warning("sweep: view catch-up after claims failed (repaired later): %s", e)
         return self.tally.result(len(entries), applied, started), self.won
+
+    def load(self, _: str, chunk: list[RecoverableEntry]) -> dict[UUID, DeliveryObligation]:
+        """The chunk's aggregates, current as of now, read in one query."""
+        return load_aggregates(self.ledger, [UUID(e.aggregate_id) for e in chunk])
 
     def guarded(self, step: Callable[..., Any], obligation_id: str, *args: Any) -> Any:
         """One obligation's trouble is logged and counted; what was won is still returned."""
@@ -206,12 +222,16 @@ class RecoverySweep:
             log.warning("sweep: obligation %s skipped: %s", obligation_id, e)
             return None
 
-    def decide(self, obligation_id: str, seen_owner: OwnerIdentity) -> _Decision | None:
-        """Reload and let the aggregate decide; the view row may be out of date."""
+    def decide(
+        self, obligation_id: str, seen_owner: OwnerIdentity, loaded: Any = None
+    ) -> _Decision | None:
+        """Let the (re)loaded aggregate decide; the view row may be out of date."""
         tally = self.tally
         try:
-            obligation = self.ledger._load(obligation_id)
+            obligation = self.ledger._load(obligation_id) if loaded is None else loaded
         except NotFound:
+            obligation = _MISSING
+        if obligation is _MISSING:
             tally.resolved_meanwhile += 1
             return None
         if obligation.is_resolved:
