@@ -12,7 +12,9 @@ from recovery_support import dead_owner
 
 from gateway_ledger.application.ledger import DeliveryLedger
 from gateway_ledger.application.recovery import LocalLiveness
+from gateway_ledger.application.views import ObligationStatus
 from gateway_ledger.domain.values import OwnerIdentity
+from gateway_ledger.infrastructure.bulk_events import load_aggregates
 from gateway_ledger.infrastructure.clock import Clock
 from gateway_ledger.infrastructure.process_identity import (
     boot_id,
@@ -188,3 +190,20 @@ def test_local_liveness_sees_reuse_reboot_and_unknown_start_times() -> None:
     assert not alive(rebooted)
     assert not alive(dead_owner())
     assert alive(OwnerIdentity(host="elsewhere", boot_id="x", pid=1, start_time=None))
+
+
+def test_batched_reload_rebuilds_the_same_aggregates_as_the_repository(
+    store_location: str,
+) -> None:
+    ledger = DeliveryLedger.open(store_location, owner=dead_owner())
+    for oid in ("a", "b", "c"):
+        record(ledger, oid)
+    ledger.mark_attempting("b")
+    ledger.mark_attempting("c")
+    ledger.mark_failed("c", "timeout", "ambiguous")
+    ids = [ledger._uuid(oid) for oid in ("a", "b", "c", "never-recorded")]
+    loaded = load_aggregates(ledger, ids)
+    assert set(loaded) == set(ids[:3])
+    for uuid_ in ids[:3]:
+        expected = ObligationStatus.of(ledger.repository.get(uuid_))
+        assert ObligationStatus.of(loaded[uuid_]) == expected
