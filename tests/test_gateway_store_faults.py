@@ -159,11 +159,14 @@ def test_a_corrupt_store_does_not_stop_the_reply(tmp_path: Path, caplog: Any) ->
     assert faults and all("secret body" not in m for m in faults)
 
 
+SLOW_COMMIT = 0.15
+
+
 class SlowDiskLedger(DeliveryLedger):
-    """A real SQLite ledger on a disk whose every commit takes 60 ms."""
+    """A real SQLite ledger on a disk whose every commit takes 150 ms."""
 
     def save(self, *objs: Any, **kwargs: Any) -> Any:
-        time.sleep(0.06)
+        time.sleep(SLOW_COMMIT)
         return super().save(*objs, **kwargs)
 
 
@@ -175,8 +178,8 @@ def test_a_slow_disk_never_stalls_the_event_loop(tmp_path: Path, conversations: 
             await asyncio.sleep(0.002)
             lags.append(time.perf_counter() - before - 0.002)
 
-    async def main() -> list[float]:
-        ledger = SlowDiskLedger.open(tmp_path / "ledger.db")
+    async def main(attempt: int) -> list[float]:
+        ledger = SlowDiskLedger.open(tmp_path / f"ledger-{attempt}.db")
         adapter = ScriptedAdapter()
         async with Gateway(ledger) as gw:
             await gw.start([adapter])
@@ -194,6 +197,15 @@ def test_a_slow_disk_never_stalls_the_event_loop(tmp_path: Path, conversations: 
             assert gw.stats().delivered == 3 * conversations
         return lags
 
-    lags = asyncio.run(main())
-    assert len(lags) > 50
-    assert max(lags) < 0.020, f"event loop stalled {max(lags) * 1000:.1f} ms"
+    # A store call on the loop would stall it for a whole slow commit (150 ms) in every
+    # attempt. The machine is shared, so the OS may deschedule us now and then: the 20 ms
+    # bound must hold in one of three attempts, and no attempt may come near a commit.
+    worst: list[float] = []
+    for attempt in range(3):
+        lags = asyncio.run(main(attempt))
+        assert len(lags) > 50
+        worst.append(max(lags))
+        assert max(lags) < SLOW_COMMIT * 0.8, f"event loop stalled {max(lags) * 1000:.1f} ms"
+        if max(lags) < 0.020:
+            break
+    assert min(worst) < 0.020, f"event loop stalled {[round(w * 1000, 1) for w in worst]} ms"
