@@ -99,7 +99,14 @@ class PostgresDialect(SqlDialect):
 
     @contextmanager
     def write_transaction(self) -> Iterator[Cursor]:
-        with self.datastore.transaction(commit=True) as cursor:
+        # Pipeline mode: a projection's many small statements go out without waiting for
+        # a round trip each; reads (fetchone) still sync where they must.
+        with (
+            self.datastore.get_connection() as conn,
+            conn.pipeline(),
+            conn.transaction(),
+            conn.cursor() as cursor,
+        ):
             yield cursor
 
 
