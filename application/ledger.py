@@ -16,6 +16,12 @@ from uuid import UUID
 from eventsourcing.application import AggregateNotFoundError, Application
 from eventsourcing.persistence import IntegrityError, Transcoder
 
+from gateway_ledger.application.privacy import (
+    DELIVERY_PRIVACY,
+    ErasureReport,
+    forget_in_ledger,
+    is_erased,
+)
 from gateway_ledger.application.views import HistoryEntry, ObligationStatus
 from gateway_ledger.domain.errors import ConcurrentUpdate, InvalidInput, NotFound
 from gateway_ledger.domain.obligation import DeliveryObligation, obligation_uuid
@@ -28,6 +34,7 @@ from gateway_ledger.domain.values import (
     OwnerIdentity,
 )
 from gateway_ledger.infrastructure.clock import Clock, system_clock
+from gateway_ledger.infrastructure.private_mapper import ENCRYPT_ENV, PrivateEvents
 from gateway_ledger.infrastructure.process_identity import current_owner
 from gateway_ledger.infrastructure.store import store_environment
 from gateway_ledger.infrastructure.transcoder import AttrsTranscoding, OrjsonTranscoder
@@ -55,10 +62,15 @@ def _media_item(value: object) -> MediaItem:
     raise InvalidInput(f"a media item must be a MediaItem or a mapping, not {type(value).__name__}")
 
 
-class DeliveryLedger(Application[UUID]):
-    """Every final reply the gateway owes, as an event-sourced DeliveryObligation."""
+class DeliveryLedger(PrivateEvents, Application[UUID]):
+    """Every final reply the gateway owes, as an event-sourced DeliveryObligation.
+
+    Personal fields are encrypted at rest by default (ADR 0012); ``encrypt=False`` stores
+    new events in clear (upstream compatibility, benchmarks). Reading always decrypts.
+    """
 
     name = LEDGER_APPLICATION_NAME
+    privacy_policy = DELIVERY_PRIVACY
 
     def __init__(
         self,
@@ -67,8 +79,12 @@ class DeliveryLedger(Application[UUID]):
         owner: OwnerIdentity | None = None,
         policy: LedgerPolicy | None = None,
         clock: Clock = system_clock,
+        encrypt: bool | None = None,
     ) -> None:
-        super().__init__(env=dict(env or {}))
+        env = dict(env or {})
+        if encrypt is not None:
+            env[ENCRYPT_ENV] = "y" if encrypt else "n"
+        super().__init__(env=env)
         self.owner = owner or current_owner()
         self.policy = policy or LedgerPolicy()
         self.clock = clock
@@ -82,9 +98,12 @@ class DeliveryLedger(Application[UUID]):
         owner: OwnerIdentity | None = None,
         policy: LedgerPolicy | None = None,
         clock: Clock = system_clock,
+        encrypt: bool | None = None,
     ) -> DeliveryLedger:
         """Open (creating if needed) the store at a file path or a postgresql:// URL."""
-        return cls(store_environment(location), owner=owner, policy=policy, clock=clock)
+        return cls(
+            store_environment(location), owner=owner, policy=policy, clock=clock, encrypt=encrypt
+        )
 
     def construct_transcoder(self) -> Transcoder:
         return build_transcoder()
@@ -216,6 +235,14 @@ class DeliveryLedger(Application[UUID]):
         obligation = self._load(obligation_id)
         obligation.abandon(reason=abandon_reason, now=self.clock(), by=self.owner, detail=detail)
         self._save(obligation, f"abandoned ({abandon_reason.value})")
+
+    def forget_session(self, session_key: str, *, requested_by: str = "") -> ErasureReport:
+        """Erase the session's personal data; its history stays, showing ``[erased]``."""
+        return forget_in_ledger(self, session_key, requested_by=requested_by)
+
+    def is_erased(self, obligation_id: str) -> bool:
+        """True when the obligation's session was forgotten: never send it, abandon it."""
+        return is_erased(self, self._uuid(obligation_id))
 
     # -- reads --------------------------------------------------------------------------------
 

@@ -77,6 +77,7 @@ class DeliveryObligation(Aggregate):
     error_class: ErrorClass | None
     retry_after: float | None
     receipt: list[str]
+    delivered_parts: dict[str, list[str]]
     abandon_reason: AbandonReason | None
     last_transition_at: datetime
 
@@ -173,6 +174,7 @@ class DeliveryObligation(Aggregate):
         self.error_class = None
         self.retry_after: float | None = None
         self.receipt = []
+        self.delivered_parts = {}  # part index (as str, a JSON key) -> platform message ids
         self.abandon_reason = None
         self.last_transition_at = timestamp
 
@@ -182,6 +184,15 @@ class DeliveryObligation(Aggregate):
     def needs_marker(self) -> bool:
         """True when a previous send may have reached the user, so a re-send may duplicate."""
         return self.may_have_arrived
+
+    @property
+    def part_count(self) -> int:
+        """Text chunks (or the whole content, when not empty) followed by media items."""
+        text_parts = len(self.parts) if self.parts else (1 if self.content else 0)
+        return text_parts + len(self.media)
+
+    def part_delivered(self, index: int) -> bool:
+        return str(index) in self.delivered_parts
 
     @property
     def is_resolved(self) -> bool:
@@ -234,6 +245,30 @@ class DeliveryObligation(Aggregate):
     ) -> None:
         self.state = ObligationState.DELIVERED
         self.receipt = list(receipt)
+        self.last_transition_at = timestamp
+
+    def acknowledge_part(
+        self, *, by: OwnerIdentity, now: datetime, index: int, receipt: Sequence[str | int] = ()
+    ) -> None:
+        """One part of a multi-part reply was confirmed: recovery re-sends only the others."""
+        require_aware("now", now)
+        self._require_state(
+            f"part {index} delivered", ObligationState.ATTEMPTING, ObligationState.CLAIMED
+        )
+        if not isinstance(index, int) or isinstance(index, bool):
+            raise InvalidInput("part index must be an int")
+        if not 0 <= index < self.part_count:
+            raise InvalidInput(f"part index {index} is outside 0..{self.part_count - 1}")
+        if self.part_delivered(index):
+            raise self._refuse(f"part {index} delivered", "that part is already confirmed")
+        ids = receipt_ids(receipt)
+        self._part_delivered(by=by, index=index, receipt=ids, fence=self.fence, timestamp=now)
+
+    @event("PartDelivered")
+    def _part_delivered(
+        self, by: OwnerIdentity, index: int, receipt: list[str], fence: int, timestamp: datetime
+    ) -> None:
+        self.delivered_parts[str(index)] = list(receipt)
         self.last_transition_at = timestamp
 
     def fail(

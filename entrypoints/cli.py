@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from gateway_ledger.domain.errors import LedgerError
 
-COMMAND_MODULES: tuple[str, ...] = ("demo",)
+COMMAND_MODULES: tuple[str, ...] = ("demo", "simulate", "forget")
 
 DB_ENV = "GATEWAY_LEDGER_DB"
 DEFAULT_DB = "gateway-ledger.db"

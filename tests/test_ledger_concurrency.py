@@ -13,6 +13,7 @@ and every event a writer was told it appended is in the store.
 from __future__ import annotations
 
 import multiprocessing
+import queue
 import traceback
 from collections import Counter
 from datetime import datetime
@@ -44,8 +45,9 @@ def _racer(location: str, command: str, barrier: Any, results: Any) -> None:
         barrier.wait(timeout=30)  # both have loaded the same version by now
         return system_clock()
 
-    ledger = DeliveryLedger.open(location, clock=clock_at_the_barrier)
+    ledger = None
     try:
+        ledger = DeliveryLedger.open(location, clock=clock_at_the_barrier)
         if command == "attempting":
             ledger.mark_attempting(OID)
         elif command == "delivered":
@@ -58,7 +60,8 @@ def _racer(location: str, command: str, barrier: Any, results: Any) -> None:
     except BaseException as e:  # anything else is a finding, reported to the parent
         results.put((command, type(e).__name__, traceback.format_exc()))
     finally:
-        ledger.close()
+        if ledger is not None:
+            ledger.close()
 
 
 def race(location: str, commands: tuple[str, str]) -> list[tuple[str, str, str]]:
@@ -66,7 +69,15 @@ def race(location: str, commands: tuple[str, str]) -> list[tuple[str, str, str]]
     procs = [SPAWN.Process(target=_racer, args=(location, c, barrier, results)) for c in commands]
     for p in procs:
         p.start()
-    outcomes = [results.get(timeout=60) for _ in procs]
+    outcomes = []
+    for _ in procs:
+        try:
+            outcomes.append(results.get(timeout=120))
+        except queue.Empty:
+            codes = [p.exitcode for p in procs]
+            pytest.fail(
+                f"a racer reported nothing within 120 s; exit codes {codes}, got {outcomes}"
+            )
     for p in procs:
         p.join(timeout=30)
         assert p.exitcode == 0

@@ -1,0 +1,641 @@
+"""The one delivery path: every final reply is owed durably before it is sent.
+
+``await gateway.deliver(context, reply, inbound_message_id)``
+    record + attempting (one durable point) -> send each part -> delivered | failed.
+``await gateway.start(adapters)``
+    connect, sweep with the connected platforms, re-send what this gateway claimed,
+    clear those sessions' resume flags, and only then report what may resume.
+
+Store work never runs on the event loop: events are built here (pure CPU, microseconds)
+and handed to the group-commit writer thread. A ledger fault (locked, full, corrupt
+database, or a commit slower than ``ledger_deadline``) never stops a reply: it is logged
+with ids, counted in ``stats().ledger_faults``, and the send goes ahead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from gateway_ledger.application.interim_sweep import interim_sweep
+from gateway_ledger.application.ledger import DeliveryLedger
+from gateway_ledger.application.ports import (
+    PlatformAdapter,
+    Reply,
+    ReplyContext,
+    SendResult,
+    render_duplicate_notice,
+)
+from gateway_ledger.application.recovery_port import RecoverySweep, ResumableSessions
+from gateway_ledger.application.scheduling import AsyncioScheduler, Scheduler
+from gateway_ledger.domain.errors import ConcurrentUpdate, LedgerError
+from gateway_ledger.domain.obligation import DeliveryObligation, compute_obligation_id
+from gateway_ledger.domain.values import (
+    AbandonReason,
+    DeliveryTarget,
+    ErrorClass,
+    LedgerPolicy,
+    MediaItem,
+    ObligationState,
+    OwnerIdentity,
+)
+from gateway_ledger.infrastructure.clock import Clock, system_clock
+from gateway_ledger.infrastructure.group_commit import GroupCommitWriter
+
+log = logging.getLogger("gateway_ledger.gateway")
+
+DEFAULT_COMMAND_PREFIXES = ("/", "!")
+DEFAULT_LEDGER_DEADLINE = 2.0
+"""Seconds a send waits for its obligation to be durable before going out anyway."""
+DEFAULT_RATE_LIMIT_WAIT = 1.0
+"""When a platform says 429 without retry_after."""
+
+
+@attrs.frozen
+class OutgoingPart:
+    index: int
+    text: str
+    media: MediaItem | None = None
+
+
+def outgoing_parts(agg: DeliveryObligation) -> list[OutgoingPart]:
+    """Text chunks (or the whole content) first, then one part per media item."""
+    texts = list(agg.parts) if agg.parts else ([agg.content] if agg.content else [])
+    parts = [OutgoingPart(i, t) for i, t in enumerate(texts)]
+    parts += [OutgoingPart(len(texts) + i, m.caption or "", m) for i, m in enumerate(agg.media)]
+    return parts
+
+
+@attrs.frozen
+class DeliveryOutcome:
+    """What ``deliver`` did. ``status``: delivered, failed (a retry is scheduled or the
+    boot sweep owns it), abandoned, skipped (``skip_reason``), already_recorded (the same
+    turn's reply is owed or done: nothing sent), or queued (no adapter connected)."""
+
+    status: str
+    obligation_id: str | None = None
+    message_ids: tuple[str, ...] = ()
+    error_class: str | None = None
+    skip_reason: str | None = None
+    ledger_fault: bool = False
+    retry_in: float | None = None
+
+
+@attrs.frozen
+class StartReport:
+    connected: tuple[str, ...]
+    claimed: int
+    redelivered: int
+    failed: int
+    resumable_sessions: tuple[str, ...]
+
+
+@attrs.frozen
+class GatewayStats:
+    delivered: int
+    failed: int
+    abandoned: int
+    skipped: int
+    already_recorded: int
+    ledger_faults: int
+    recovered: int
+    retries_scheduled: int
+    rate_limit_waits: int
+    commits: int
+    events: int
+    largest_group: int
+    group_conflicts: int
+
+
+@attrs.define
+class _Counters:
+    delivered: int = 0
+    failed: int = 0
+    abandoned: int = 0
+    skipped: int = 0
+    already_recorded: int = 0
+    ledger_faults: int = 0
+    recovered: int = 0
+    retries_scheduled: int = 0
+    rate_limit_waits: int = 0
+
+
+@attrs.define
+class _Flight:
+    """One obligation this gateway is sending, with its live aggregate."""
+
+    agg: DeliveryObligation
+    adapter: PlatformAdapter
+    tracked: bool = True
+    conflicted: bool = False
+    last_write: concurrent.futures.Future[None] | None = None
+    runtime_retries: int = 0
+
+    @property
+    def oid(self) -> str:
+        return self.agg.obligation_id
+
+
+class Gateway:
+    """Embeds the ledger in an asyncio gateway. One instance per process."""
+
+    def __init__(
+        self,
+        ledger: DeliveryLedger,
+        *,
+        sessions: ResumableSessions | None = None,
+        sweep: RecoverySweep | None = None,
+        scheduler: Scheduler | None = None,
+        command_prefixes: Sequence[str] = DEFAULT_COMMAND_PREFIXES,
+        ledger_deadline: float = DEFAULT_LEDGER_DEADLINE,
+        writer: GroupCommitWriter | None = None,
+    ) -> None:
+        self.ledger = ledger
+        self.sessions = sessions
+        self.scheduler: Scheduler = scheduler or AsyncioScheduler()
+        self.command_prefixes = tuple(command_prefixes)
+        self.ledger_deadline = ledger_deadline
+        self.writer = writer or GroupCommitWriter(ledger)
+        self._sweep = sweep or getattr(ledger, "sweep_recoverable", None)
+        self._adapters: dict[str, PlatformAdapter] = {}
+        self._counters = _Counters()
+        self._closed = False
+
+    @classmethod
+    def open(
+        cls,
+        location: str | Path,
+        *,
+        owner: OwnerIdentity | None = None,
+        policy: LedgerPolicy | None = None,
+        clock: Clock = system_clock,
+        **kwargs: Any,
+    ) -> Gateway:
+        return cls(DeliveryLedger.open(location, owner=owner, policy=policy, clock=clock), **kwargs)
+
+    @property
+    def owner(self) -> OwnerIdentity:
+        return self.ledger.owner
+
+    @property
+    def policy(self) -> LedgerPolicy:
+        return self.ledger.policy
+
+    def _now(self) -> datetime:
+        return self.ledger.clock()
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def add_adapter(self, adapter: PlatformAdapter) -> None:
+        self._adapters[adapter.platform] = adapter
+
+    async def start(self, adapters: Iterable[PlatformAdapter] = ()) -> StartReport:
+        """Connect, recover what dead gateways owed, then say which sessions may resume."""
+        connected: list[str] = []
+        for adapter in adapters:
+            connect = getattr(adapter, "connect", None)
+            try:
+                if connect is not None:
+                    await connect()
+            except Exception as e:
+                log.warning("platform %s did not connect: %s", adapter.platform, type(e).__name__)
+                continue
+            self.add_adapter(adapter)
+            connected.append(adapter.platform)
+        platforms = frozenset(self._adapters)
+        try:
+            claimed = await self.writer.call(self._run_sweep, platforms)
+        except Exception as e:
+            self._fault("-", "sweep", e)
+            claimed = []
+        outcomes = await asyncio.gather(*(self._recover(item) for item in claimed))
+        redelivered = sum(1 for o in outcomes if o.status == "delivered")
+        if self.sessions is not None:
+            now = self._now()
+            for key in sorted({str(item["session_key"]) for item in claimed}):
+                try:
+                    await self.writer.call(self.sessions.clear_resume, key, now)
+                except Exception as e:
+                    self._fault("-", "clear_resume", e)
+            try:
+                resumable = tuple(await self.writer.call(self.sessions.pending_resumes, now))
+            except Exception as e:
+                self._fault("-", "pending_resumes", e)
+                resumable = ()
+        else:
+            resumable = ()
+        log.info(
+            "gateway started: platforms=%d claimed=%d redelivered=%d",
+            len(connected),
+            len(claimed),
+            redelivered,
+        )
+        return StartReport(
+            connected=tuple(connected),
+            claimed=len(claimed),
+            redelivered=redelivered,
+            failed=sum(1 for o in outcomes if o.status == "failed"),
+            resumable_sessions=resumable,
+        )
+
+    def _run_sweep(self, platforms: frozenset[str]) -> list[dict[str, Any]]:
+        if self._sweep is not None:
+            return list(self._sweep(self._now(), deliverable_platforms=platforms))
+        return interim_sweep(self.ledger, self._now(), deliverable_platforms=platforms)
+
+    async def close(self) -> None:
+        """Stop scheduled retries (the boot sweep owns them now) and flush the writer."""
+        if self._closed:
+            return
+        self._closed = True
+        await self.scheduler.close()
+        await asyncio.get_running_loop().run_in_executor(None, self.writer.close)
+        self.ledger.close()
+
+    async def __aenter__(self) -> Gateway:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def stats(self) -> GatewayStats:
+        c, w = self._counters, self.writer.stats
+        return GatewayStats(
+            delivered=c.delivered,
+            failed=c.failed,
+            abandoned=c.abandoned,
+            skipped=c.skipped,
+            already_recorded=c.already_recorded,
+            ledger_faults=c.ledger_faults,
+            recovered=c.recovered,
+            retries_scheduled=c.retries_scheduled,
+            rate_limit_waits=c.rate_limit_waits,
+            commits=w.commits,
+            events=w.events,
+            largest_group=w.largest_group,
+            group_conflicts=w.conflicts,
+        )
+
+    # -- the delivery path --------------------------------------------------------------------
+
+    def skip_reason(self, context: ReplyContext, reply: Reply) -> str | None:
+        if not reply.content.strip() and not reply.media:
+            return "empty"
+        if reply.ephemeral:
+            return "ephemeral"
+        inbound = (context.inbound_text or "").lstrip()
+        if inbound.startswith("/"):
+            return "slash_command"
+        if any(inbound.startswith(p) for p in self.command_prefixes if p != "/"):
+            return "command_prefix"
+        return None
+
+    async def deliver(
+        self, context: ReplyContext, reply: Reply, inbound_message_id: str | None = None
+    ) -> DeliveryOutcome:
+        """The only way a final reply leaves the gateway."""
+        reason = self.skip_reason(context, reply)
+        if reason is not None:
+            return await self._send_unrecorded(context, reply, inbound_message_id, reason)
+        oid = compute_obligation_id(context.session_key, inbound_message_id or "", reply.content)
+        adapter = self._adapters.get(context.platform)
+        try:
+            agg = self.ledger.new_obligation(
+                obligation_id=oid,
+                session_key=context.session_key,
+                platform=context.platform,
+                chat_id=context.chat_id,
+                thread_id=context.thread_id,
+                content=reply.content,
+                reply_to=inbound_message_id,
+                media=reply.media,
+                metadata=reply.metadata,
+                parts=reply.parts,
+            )
+            if adapter is not None:
+                agg.start_attempt(by=self.owner, now=self._now())
+        except LedgerError as e:
+            # Refused input is a ledger fault toward the gateway: the reply still goes out.
+            self._fault(oid, "record", e)
+            if adapter is None:
+                return DeliveryOutcome(status="failed", obligation_id=oid, ledger_fault=True)
+            return await self._send_untracked(oid, context, reply, inbound_message_id, adapter)
+        future = self.writer.submit(agg.collect_events(), label=oid)
+        fault = False
+        try:
+            await self._durable(future)
+        except ConcurrentUpdate:
+            return await self._already_recorded(oid)
+        except Exception as e:
+            self._fault(oid, "record", e)
+            fault = True
+        if adapter is None:
+            log.info("obligation %s queued: platform %s not connected", oid, context.platform)
+            return DeliveryOutcome(status="queued", obligation_id=oid, ledger_fault=fault)
+        # After a timeout the commit may still land: later writes are chained after it.
+        flight = _Flight(agg=agg, adapter=adapter, tracked=not future.done() or not fault)
+        flight.last_write = future
+        return await self._send(flight)
+
+    async def _durable(self, future: concurrent.futures.Future[None]) -> None:
+        await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), self.ledger_deadline)
+
+    async def _already_recorded(self, oid: str) -> DeliveryOutcome:
+        """Same session, inbound message and content: that reply is owed or done already."""
+        self._counters.already_recorded += 1
+        try:
+            status = await self.writer.call(self.ledger.get, oid)
+            state = status.state
+        except Exception as e:
+            self._fault(oid, "load", e)
+            state = "unknown"
+        log.info("obligation %s already recorded (%s): not sent again", oid, state)
+        return DeliveryOutcome(status="already_recorded", obligation_id=oid)
+
+    async def _write(self, flight: _Flight, stage: str) -> bool:
+        """Save the flight's pending events; False (and a counted fault) if they did not land."""
+        events = flight.agg.collect_events()
+        if not flight.tracked:
+            return False
+        future = self.writer.submit(events, label=flight.oid, after=flight.last_write)
+        flight.last_write = future
+        try:
+            await self._durable(future)
+        except ConcurrentUpdate:
+            # Another writer (an operator, a sweep) changed it: its history now decides.
+            log.info("obligation %s: %s lost to a concurrent writer", flight.oid, stage)
+            flight.tracked = False
+            flight.conflicted = True
+            return False
+        except Exception as e:
+            self._fault(flight.oid, stage, e)
+            if not isinstance(e, TimeoutError):
+                flight.tracked = False
+            return False
+        return True
+
+    async def _send(self, flight: _Flight) -> DeliveryOutcome:
+        """Send every unconfirmed part, in order, then settle the obligation."""
+        agg, adapter = flight.agg, flight.adapter
+        target = agg.target
+        idempotent = bool(getattr(adapter, "supports_idempotency", False))
+        marker = agg.arrived_before_this_send and not idempotent
+        parts = [p for p in outgoing_parts(agg) if not agg.part_delivered(p.index)]
+        single = agg.part_count <= 1
+        receipt: list[str] = [i for ids in agg.delivered_parts.values() for i in ids]
+        for n, part in enumerate(parts):
+            # Parts go one at a time and each is confirmed before the next: only the first
+            # unconfirmed part can have reached the user unconfirmed, so only it is marked.
+            text = render_duplicate_notice(adapter, part.text) if marker and n == 0 else part.text
+            key = None
+            if idempotent:
+                key = agg.obligation_id if single else f"{agg.obligation_id}:{part.index}"
+            result = await self._platform_send(adapter, target, text, part, agg, key)
+            if not result.success:
+                return await self._settle_failure(flight, result)
+            receipt.extend(result.message_ids)
+            if n < len(parts) - 1:
+                self._apply(
+                    flight,
+                    lambda p=part, r=result: agg.acknowledge_part(
+                        by=self.owner, now=self._now(), index=p.index, receipt=r.message_ids
+                    ),
+                )
+                await self._write(flight, f"part {part.index} delivered")
+        self._apply(
+            flight, lambda: agg.confirm_delivery(by=self.owner, now=self._now(), receipt=receipt)
+        )
+        await self._write(flight, "delivered")
+        self._counters.delivered += 1
+        return DeliveryOutcome(
+            status="delivered",
+            obligation_id=agg.obligation_id,
+            message_ids=tuple(receipt),
+            ledger_fault=not flight.tracked,
+        )
+
+    def _apply(self, flight: _Flight, command: Any) -> None:
+        """Run a domain command on the live aggregate; a refusal is a ledger fault, not a stop."""
+        try:
+            command()
+        except LedgerError as e:
+            self._fault(flight.oid, "transition", e)
+            flight.tracked = False
+
+    async def _platform_send(
+        self,
+        adapter: PlatformAdapter,
+        target: DeliveryTarget,
+        text: str,
+        part: OutgoingPart,
+        agg: DeliveryObligation,
+        key: str | None,
+    ) -> SendResult:
+        try:
+            result = await adapter.send(
+                target,
+                text,
+                reply_to=target.reply_to,
+                media=(part.media,) if part.media is not None else (),
+                metadata=agg.metadata,
+                idempotency_key=key,
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            # Raised after the request may have left (timeout, reset): it may have arrived.
+            return SendResult.failed(ErrorClass.AMBIGUOUS, type(e).__name__)
+        if not isinstance(result, SendResult):
+            return SendResult.failed(ErrorClass.AMBIGUOUS, "adapter returned no SendResult")
+        return result
+
+    async def _settle_failure(self, flight: _Flight, result: SendResult) -> DeliveryOutcome:
+        agg = flight.agg
+        error_class = result.error_class or ErrorClass.AMBIGUOUS
+        retry_after = result.retry_after
+        now = self._now()
+        self._apply(
+            flight,
+            lambda: agg.fail(
+                by=self.owner,
+                now=now,
+                error=result.error,
+                classification=error_class,
+                retry_after=retry_after,
+            ),
+        )
+        log.info(
+            "obligation %s send failed: %s attempt=%d",
+            agg.obligation_id,
+            error_class.value,
+            agg.send_attempts,
+        )
+        if error_class is ErrorClass.DEAD_TARGET:
+            self._apply(
+                flight,
+                lambda: agg.abandon(
+                    reason=AbandonReason.DEAD_TARGET, now=now, by=self.owner, detail=result.error
+                ),
+            )
+            await self._write(flight, "abandoned")
+            self._counters.abandoned += 1
+            return DeliveryOutcome(
+                status="abandoned",
+                obligation_id=agg.obligation_id,
+                error_class=error_class.value,
+            )
+        await self._write(flight, "failed")
+        self._counters.failed += 1
+        delay = self._retry_delay(flight, error_class, retry_after)
+        if delay is not None:
+            self._counters.retries_scheduled += 1
+            self.scheduler.schedule(
+                delay, lambda: self._retry(flight), label=f"retry {agg.obligation_id}"
+            )
+        else:
+            log.info("obligation %s: runtime retries spent; left to the boot sweep", flight.oid)
+        return DeliveryOutcome(
+            status="failed",
+            obligation_id=agg.obligation_id,
+            error_class=error_class.value,
+            ledger_fault=not flight.tracked,
+            retry_in=delay,
+        )
+
+    def _retry_delay(
+        self, flight: _Flight, error_class: ErrorClass, retry_after: float | None
+    ) -> float | None:
+        cap = self.policy.max_retry_after.total_seconds()
+        if error_class is ErrorClass.RATE_LIMITED:
+            # Waiting out a rate limit is not an attempt: the budget below is untouched.
+            self._counters.rate_limit_waits += 1
+            wait = DEFAULT_RATE_LIMIT_WAIT if retry_after is None else retry_after
+            return min(max(0.0, wait), cap)
+        backoff = self.policy.retry_backoff
+        if flight.runtime_retries >= len(backoff):
+            return None
+        delay = backoff[flight.runtime_retries].total_seconds()
+        flight.runtime_retries += 1
+        return delay
+
+    async def _retry(self, flight: _Flight) -> None:
+        agg = flight.agg
+        if flight.tracked:
+            try:
+                agg.start_attempt(by=self.owner, now=self._now())
+            except LedgerError as e:
+                log.info("obligation %s not retried: %s", flight.oid, type(e).__name__)
+                return
+            if not await self._write(flight, "attempting") and flight.conflicted:
+                return
+        else:
+            agg.arrived_before_this_send = True  # best-effort copy: assume it may have arrived
+        try:
+            await self._send(flight)
+        except Exception as e:  # a retry runs detached: never let it die silently
+            log.error("obligation %s retry crashed: %s", flight.oid, type(e).__name__)
+
+    # -- recovery -----------------------------------------------------------------------------
+
+    async def _recover(self, item: Mapping[str, Any]) -> DeliveryOutcome:
+        oid = str(item["obligation_id"])
+        adapter = self._adapters.get(str(item["platform"]))
+        try:
+            agg = await self.writer.call(self.ledger._load, oid)
+        except Exception as e:
+            self._fault(oid, "load", e)
+            return DeliveryOutcome(status="failed", obligation_id=oid, ledger_fault=True)
+        if adapter is None or agg.state is not ObligationState.CLAIMED or agg.owner != self.owner:
+            return DeliveryOutcome(status="failed", obligation_id=oid)
+        self._counters.recovered += 1
+        log.info("obligation %s recovered marker=%s", oid, agg.arrived_before_this_send)
+        return await self._send(_Flight(agg=agg, adapter=adapter))
+
+    # -- unrecorded sends ---------------------------------------------------------------------
+
+    async def _send_unrecorded(
+        self,
+        context: ReplyContext,
+        reply: Reply,
+        inbound_message_id: str | None,
+        reason: str,
+    ) -> DeliveryOutcome:
+        """Commands, ephemeral replies: sent as upstream does, without an obligation."""
+        self._counters.skipped += 1
+        if reason == "empty":
+            return DeliveryOutcome(status="skipped", skip_reason=reason)
+        adapter = self._adapters.get(context.platform)
+        if adapter is None:
+            return DeliveryOutcome(status="skipped", skip_reason=reason)
+        target = DeliveryTarget(
+            platform=context.platform,
+            chat_id=context.chat_id,
+            thread_id=context.thread_id,
+            reply_to=inbound_message_id,
+        )
+        result = await adapter.send(
+            target,
+            reply.content,
+            reply_to=inbound_message_id,
+            media=reply.media,
+            metadata=reply.metadata,
+            idempotency_key=None,
+        )
+        return DeliveryOutcome(
+            status="skipped",
+            skip_reason=reason,
+            message_ids=result.message_ids,
+            error_class=result.error_class.value if result.error_class else None,
+        )
+
+    async def _send_untracked(
+        self,
+        oid: str,
+        context: ReplyContext,
+        reply: Reply,
+        inbound_message_id: str | None,
+        adapter: PlatformAdapter,
+    ) -> DeliveryOutcome:
+        """The ledger refused the reply: send it anyway, once, and say so."""
+        target = DeliveryTarget(
+            platform=context.platform,
+            chat_id=context.chat_id,
+            thread_id=context.thread_id,
+            reply_to=inbound_message_id,
+        )
+        try:
+            result = await adapter.send(
+                target,
+                reply.content,
+                reply_to=inbound_message_id,
+                media=reply.media,
+                metadata=dict(reply.metadata),
+                idempotency_key=None,
+            )
+        except Exception as e:
+            result = SendResult.failed(ErrorClass.AMBIGUOUS, type(e).__name__)
+        status = "delivered" if result.success else "failed"
+        if result.success:
+            self._counters.delivered += 1
+        else:
+            self._counters.failed += 1
+        return DeliveryOutcome(
+            status=status,
+            obligation_id=oid,
+            message_ids=result.message_ids,
+            error_class=result.error_class.value if result.error_class else None,
+            ledger_fault=True,
+        )
+
+    def _fault(self, oid: str, stage: str, error: BaseException) -> None:
+        self._counters.ledger_faults += 1
+        log.warning(
+            "ledger fault obligation=%s stage=%s error=%s", oid, stage, type(error).__name__
+        )

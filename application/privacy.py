@@ -1,0 +1,213 @@
+"""Privacy of the ledger: which fields are personal, and erasure that keeps the audit trail.
+
+Personal fields are sealed by the store's mapper (``infrastructure/private_mapper.py``)
+under one data key per session key. ``forget_session`` destroys that key: every event
+still replays, with ``[erased]`` where the personal data was, and every unresolved
+obligation of the session is abandoned with reason ``erased`` instead of being sent.
+See ADR 0012 for what this guarantees and what it cannot.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+import attrs
+import orjson
+from eventsourcing.application import AggregateNotFoundError
+from eventsourcing.persistence import IntegrityError
+
+from gateway_ledger.domain.erasure import Erasure
+from gateway_ledger.domain.errors import InvalidInput
+from gateway_ledger.domain.obligation import DeliveryObligation
+from gateway_ledger.domain.values import AbandonReason, require_text
+from gateway_ledger.infrastructure.private_mapper import ERASED, PrivacyPolicy, SealedEvent
+
+if TYPE_CHECKING:
+    from gateway_ledger.application.ledger import DeliveryLedger
+
+log = logging.getLogger("gateway_ledger.privacy")
+
+__all__ = ["DELIVERY_PRIVACY", "ERASED", "ErasureReport", "forget_session"]
+
+_Obligation: Any = DeliveryObligation  # its event classes are made at runtime
+
+DELIVERY_PRIVACY = PrivacyPolicy(
+    SealedEvent(
+        _Obligation.Recorded,
+        (
+            "session_key",
+            "content",
+            "parts",
+            "media",
+            "metadata",
+            "target.chat_id",
+            "target.thread_id",
+            "target.reply_to",
+        ),
+        subject_from="session_key",
+    ),
+    SealedEvent(_Obligation.Delivered, ("receipt",)),
+    SealedEvent(_Obligation.Failed, ("error",)),
+    SealedEvent(_Obligation.Abandoned, ("detail",)),
+)
+"""Personal: what was said, to whom, where, and what the platform echoed back.
+In clear: obligation id, states, times, attempts, fence, platform, owner, error class."""
+
+_RETRIES = 5
+
+
+@attrs.frozen
+class ErasureReport:
+    """What one erasure did; carries no personal data."""
+
+    subject_id: str
+    erasure_id: UUID
+    destroyed_keys: tuple[str, ...]
+    abandoned: tuple[str, ...]
+    erased_at: datetime
+    wal_truncated: bool | None
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "subject_id": self.subject_id,
+            "erasure_id": str(self.erasure_id),
+            "destroyed_keys": list(self.destroyed_keys),
+            "abandoned": list(self.abandoned),
+            "erased_at": self.erased_at.isoformat(),
+            "wal_truncated": self.wal_truncated,
+        }
+
+
+def forget_in_ledger(
+    ledger: DeliveryLedger, session_key: str, *, requested_by: str = ""
+) -> ErasureReport:
+    """Abandon the session's unresolved obligations, destroy its key, record the erasure.
+
+    Obligations are abandoned before the key goes (so nothing owed is left behind
+    unreadable) and once more after it (for any recorded meanwhile by another process).
+    """
+    require_text("session_key", session_key)
+    require_text("requested_by", requested_by, allow_empty=True)
+    mapper = ledger.private_mapper
+    subject = mapper.keyring.subject_id(session_key)
+    abandoned = _abandon_unresolved(ledger, subject)
+    destroyed = mapper.keyring.destroy(subject)
+    abandoned += _abandon_unresolved(ledger, subject)
+    erasure = Erasure.record(
+        subject_id=subject,
+        by=ledger.owner,
+        requested_by=requested_by,
+        destroyed_keys=destroyed,
+        abandoned=abandoned,
+        now=ledger.clock(),
+    )
+    ledger.save(erasure)
+    table = mapper.keyring.table
+    report = ErasureReport(
+        subject_id=subject,
+        erasure_id=erasure.id,
+        destroyed_keys=tuple(destroyed),
+        abandoned=tuple(abandoned),
+        erased_at=erasure.erased_at,
+        wal_truncated=getattr(table, "last_checkpoint_complete", None),
+    )
+    log.info(
+        "subject %s erased: %d key(s) destroyed, %d obligation(s) abandoned",
+        subject,
+        len(destroyed),
+        len(abandoned),
+    )
+    return report
+
+
+def obligations_of(ledger: DeliveryLedger, subject_id: str) -> list[UUID]:
+    """Every obligation recorded for the subject (found by its clear subject id)."""
+    mapper = ledger.private_mapper
+    needle = f'"s":"{subject_id}"'.encode()
+    topics = [e.topic for e in mapper.policy.events if e.subject_from and _is_obligation(e.event)]
+    found = mapper.keyring.table.originators_mentioning(topics, needle)
+    return [UUID(o) for o in found]
+
+
+def _is_obligation(event_class: type) -> bool:
+    return event_class.__qualname__.startswith(DeliveryObligation.__qualname__ + ".")
+
+
+def _abandon_unresolved(ledger: DeliveryLedger, subject_id: str) -> list[str]:
+    abandoned: list[str] = []
+    for aggregate_id in obligations_of(ledger, subject_id):
+        for _ in range(_RETRIES):
+            try:
+                obligation: object = ledger.repository.get(aggregate_id)
+            except AggregateNotFoundError:
+                break
+            if not isinstance(obligation, DeliveryObligation) or obligation.is_resolved:
+                break
+            if ledger.private_mapper.subject_of(aggregate_id) != subject_id:
+                break
+            obligation.abandon(reason=AbandonReason.ERASED, now=ledger.clock(), by=ledger.owner)
+            try:
+                ledger.save(obligation)
+            except IntegrityError:
+                continue  # a concurrent transition: reload and decide again
+            abandoned.append(obligation.obligation_id)
+            break
+        else:
+            log.warning("obligation %s kept changing; not abandoned", aggregate_id)
+    return abandoned
+
+
+def is_erased(ledger: DeliveryLedger, aggregate_id: UUID) -> bool:
+    """True when the obligation's personal data can no longer be opened (its key is gone).
+
+    A recovery path checks this before sending: such an obligation is abandoned with
+    reason ``erased``, never sent as ``[erased]``. Costs one indexed read, no decryption.
+    """
+    mapper = ledger.private_mapper
+    stored = mapper.first_event(aggregate_id) if mapper.first_event else None
+    if stored is None or b'"_sealed_"' not in stored.state:
+        return False
+    envelope = orjson.loads(stored.state)["_sealed_"]
+    return "k" in envelope and mapper.keyring.opening_key(envelope["s"], envelope["k"]) is None
+
+
+def erasures(ledger: DeliveryLedger) -> list[Erasure]:
+    """Every erasure recorded in this store, oldest first (for audits)."""
+    from eventsourcing.utils import get_topic
+
+    topic = get_topic(Erasure.SubjectErased)  # type: ignore[attr-defined]
+    found: list[Erasure] = []
+    start = None
+    while True:
+        batch = ledger.recorder.select_notifications(
+            start, 500, topics=[topic], inclusive_of_start=start is None
+        )
+        if not batch:
+            return found
+        for n in batch:
+            found.append(ledger.repository.get(n.originator_id))
+        start = batch[-1].id
+        if len(batch) < 500:
+            return found
+
+
+def forget_session(
+    location: str | Path,
+    session_key: str,
+    *,
+    requested_by: str = "",
+) -> ErasureReport:
+    """Erase a session's personal data in the store at ``location`` (SQLite or PostgreSQL)."""
+    from gateway_ledger.application.ledger import DeliveryLedger
+
+    if not str(location):
+        raise InvalidInput("forget_session needs a store location")
+    ledger = DeliveryLedger.open(location)
+    try:
+        return forget_in_ledger(ledger, session_key, requested_by=requested_by)
+    finally:
+        ledger.close()

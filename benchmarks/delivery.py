@@ -1,0 +1,161 @@
+"""Delivery lifecycles per second: gateway-ledger's delivery path vs an upstream-style ledger.
+
+Baseline (written here, like upstream): one mutable SQLite row per obligation, INSERT then
+two UPDATEs, one transaction each, called synchronously (upstream calls it on the event
+loop). Ours: ``Gateway.deliver`` with a platform that answers at once: record+attempting
+in one commit, delivered in a second, group-committed across concurrent conversations on
+a writer thread. Both on SQLite in WAL mode with ``synchronous=FULL`` (SQLite's default),
+on the same disk, measured in one run.
+
+    python benchmarks/delivery.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sqlite3
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from gateway_ledger.application.gateway import Gateway
+from gateway_ledger.application.ports import AdapterBase, Reply, ReplyContext, SendResult
+from gateway_ledger.domain.obligation import compute_obligation_id
+from gateway_ledger.domain.values import DeliveryTarget, MediaItem
+
+CONCURRENCY = 64
+
+
+class MutableRowLedger:
+    """Upstream's shape: one row, updated in place, one transaction per call."""
+
+    def __init__(self, path: Path) -> None:
+        self.conn = sqlite3.connect(str(path), isolation_level=None, timeout=10)
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA synchronous=FULL")
+        self.conn.execute(
+            "CREATE TABLE IF NOT EXISTS delivery_obligations (obligation_id TEXT PRIMARY KEY,"
+            " session_key TEXT, platform TEXT, chat_id TEXT, thread_id TEXT, content TEXT,"
+            " state TEXT, attempts INTEGER DEFAULT 0, owner_pid INTEGER, owner_start INTEGER,"
+            " last_error TEXT, created_at REAL, updated_at REAL)"
+        )
+
+    def synchronous(self) -> int:
+        return int(self.conn.execute("PRAGMA synchronous").fetchone()[0])
+
+    def _tx(self, sql: str, params: tuple[Any, ...]) -> None:
+        self.conn.execute("BEGIN IMMEDIATE")
+        self.conn.execute(sql, params)
+        self.conn.execute("COMMIT")
+
+    def record(self, oid: str, key: str, chat: str, content: str) -> None:
+        now = time.time()
+        self._tx(
+            "INSERT OR IGNORE INTO delivery_obligations (obligation_id, session_key, platform,"
+            " chat_id, thread_id, content, state, owner_pid, owner_start, created_at,"
+            " updated_at) VALUES (?, ?, 'telegram', ?, NULL, ?, 'pending', 1, 1, ?, ?)",
+            (oid, key, chat, content, now, now),
+        )
+
+    def mark(self, oid: str, state: str) -> None:
+        self._tx(
+            "UPDATE delivery_obligations SET state = ?, updated_at = ? WHERE obligation_id = ?",
+            (state, time.time(), oid),
+        )
+
+
+class InstantPlatform(AdapterBase):
+    platform = "telegram"
+
+    async def send(
+        self,
+        target: DeliveryTarget,
+        content: str,
+        *,
+        reply_to: str | None,
+        media: Sequence[MediaItem],
+        metadata: Mapping[str, Any],
+        idempotency_key: str | None,
+    ) -> SendResult:
+        await asyncio.sleep(0)
+        return SendResult.ok("1")
+
+
+def work(n: int, conv: int) -> tuple[str, str, str, str]:
+    key = f"agent:main:telegram:dm:{conv}"
+    content = f"reply {n} to conversation {conv}: " + "x" * 200
+    return compute_obligation_id(key, f"in-{n}", content), key, str(conv), content
+
+
+async def baseline(path: Path, total: int, concurrency: int) -> float:
+    ledger = MutableRowLedger(path)
+    assert ledger.synchronous() == 2  # FULL
+
+    async def conversation(conv: int, count: int) -> None:
+        for n in range(count):
+            oid, key, chat, content = work(n, conv)
+            ledger.record(oid, key, chat, content)  # sync on the loop, as upstream does
+            ledger.mark(oid, "attempting")
+            await asyncio.sleep(0)  # the send
+            ledger.mark(oid, "delivered")
+
+    started = time.perf_counter()
+    per = total // concurrency
+    await asyncio.gather(*(conversation(c, per) for c in range(concurrency)))
+    elapsed = time.perf_counter() - started
+    ledger.conn.close()
+    return per * concurrency / elapsed
+
+
+async def ours(path: Path, total: int, concurrency: int) -> tuple[float, int]:
+    gateway = Gateway.open(path)
+    with gateway.ledger.recorder.datastore.transaction(commit=False) as c:
+        c.execute("PRAGMA synchronous")
+        assert c.fetchone()[0] == 2  # FULL, the library's (and SQLite's) default
+    await gateway.start([InstantPlatform()])
+
+    async def conversation(conv: int, count: int) -> None:
+        for n in range(count):
+            _, key, chat, content = work(n, conv)
+            out = await gateway.deliver(
+                ReplyContext(key, "telegram", chat), Reply(content), f"in-{n}"
+            )
+            assert out.status == "delivered", out
+
+    started = time.perf_counter()
+    per = total // concurrency
+    await asyncio.gather(*(conversation(c, per) for c in range(concurrency)))
+    elapsed = time.perf_counter() - started
+    commits = gateway.stats().commits
+    await gateway.close()
+    return per * concurrency / elapsed, commits
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer lifecycles (CI smoke run)")
+    args = parser.parse_args()
+    sequential = 150 if args.quick else 600
+    concurrent = 640 if args.quick else 3200
+    tmp = Path(tempfile.mkdtemp(prefix="gateway-ledger-bench-"))
+    rows = []
+    for label, total, conc in (
+        ("(a) one conversation at a time", sequential, 1),
+        (f"(b) {CONCURRENCY} concurrent conversations", concurrent, CONCURRENCY),
+    ):
+        base = asyncio.run(baseline(tmp / f"base-{conc}.db", total, conc))
+        mine, commits = asyncio.run(ours(tmp / f"ours-{conc}.db", total, conc))
+        rows.append((label, base, mine, mine / base, commits / total))
+    print("record -> attempting -> delivered lifecycles/s, SQLite WAL, synchronous=FULL")
+    print("| scenario | mutable-row baseline | gateway-ledger | ratio | commits/lifecycle |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for label, base, mine, ratio, cpl in rows:
+        print(f"| {label} | {base:,.0f}/s | {mine:,.0f}/s | {ratio:.2f}x | {cpl:.2f} |")
+    print(f"targets: (a) >= 1x -> {rows[0][3]:.2f}x, (b) >= 2x -> {rows[1][3]:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""The record that a subject's personal data was erased: who, when, what was affected.
+
+Erasure destroys a key outside the domain; the fact that it happened belongs to the audit
+trail, so it is an event like any other. It carries no personal data: the subject is
+named by its keyed hash, never by its session key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from uuid import UUID, uuid4
+
+from eventsourcing.domain import Aggregate, event
+
+from gateway_ledger.domain.errors import InvalidInput
+from gateway_ledger.domain.values import OwnerIdentity, require_aware, require_text
+
+
+class Erasure(Aggregate):
+    """One execution of the right to be forgotten for one subject."""
+
+    subject_id: str
+    by: OwnerIdentity
+    requested_by: str
+    destroyed_keys: list[str]
+    abandoned: list[str]
+    erased_at: datetime
+
+    @staticmethod
+    def create_id() -> UUID:
+        return uuid4()
+
+    @classmethod
+    def record(
+        cls,
+        *,
+        subject_id: str,
+        by: OwnerIdentity,
+        requested_by: str,
+        destroyed_keys: Sequence[str],
+        abandoned: Sequence[str],
+        now: datetime,
+    ) -> Erasure:
+        require_text("subject_id", subject_id)
+        if not isinstance(by, OwnerIdentity):
+            raise InvalidInput("by must be an OwnerIdentity")
+        require_text("requested_by", requested_by, allow_empty=True)
+        require_aware("now", now)
+        return cls(
+            subject_id=subject_id,
+            by=by,
+            requested_by=requested_by,
+            destroyed_keys=[require_text("key id", k) for k in destroyed_keys],
+            abandoned=[require_text("obligation id", o) for o in abandoned],
+            timestamp=now,
+        )
+
+    @event("SubjectErased")
+    def __init__(
+        self,
+        subject_id: str,
+        by: OwnerIdentity,
+        requested_by: str,
+        destroyed_keys: list[str],
+        abandoned: list[str],
+        timestamp: datetime,
+    ) -> None:
+        self.subject_id = subject_id
+        self.by = by
+        self.requested_by = requested_by
+        self.destroyed_keys = list(destroyed_keys)
+        self.abandoned = list(abandoned)
+        self.erased_at = timestamp

@@ -1,0 +1,59 @@
+"""``gateway-ledger sessions forget KEY``: erase one session's personal data.
+
+The key is destroyed, unresolved replies are abandoned (reason ``erased``), the erasure is
+recorded; the history stays, showing ``[erased]``. If a ``sessions`` command already
+exists, ``forget`` is added to it; otherwise this module creates ``sessions``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from gateway_ledger.application.privacy import forget_session
+
+
+def _sessions_subparsers(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse._SubParsersAction[argparse.ArgumentParser]:
+    parser = subparsers.choices.get("sessions")
+    if parser is None:
+        parser = subparsers.add_parser("sessions", help="session commands")
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action
+    nested = parser.add_subparsers(dest="sessions_command", metavar="SUBCOMMAND")
+    nested.required = True
+    return nested
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from gateway_ledger.entrypoints.cli import add_db_option
+
+    parser = _sessions_subparsers(subparsers).add_parser(
+        "forget",
+        help="erase a session's personal data (the audit trail stays, showing [erased])",
+    )
+    parser.add_argument("session_key", metavar="KEY", help="the session key to forget")
+    parser.add_argument(
+        "--by",
+        default=os.environ.get("USER", ""),
+        help="who asked for the erasure, kept in the erasure record (default: $USER)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_db_option(parser)
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    report = forget_session(args.db, args.session_key, requested_by=args.by)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+        return 0
+    print(
+        f"subject {report.subject_id} erased at {report.erased_at.isoformat()}: "
+        f"{len(report.destroyed_keys)} key(s) destroyed, "
+        f"{len(report.abandoned)} unresolved reply(ies) abandoned"
+    )
+    return 0

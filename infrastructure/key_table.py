@@ -1,0 +1,310 @@
+"""The subject key table, in the same store as the events (SQLite or PostgreSQL).
+
+One row per live data key: ``key_id``, the subject it belongs to (a keyed hash, never a
+session key), and the key wrapped by the master key. Destroying a subject deletes its
+rows so that no copy survives in the store's files: on SQLite with ``secure_delete``
+and a WAL checkpoint that truncates the log; on PostgreSQL with ``VACUUM FULL``, which
+rewrites the table (the server's WAL and backups are outside our reach, see ADR 0012).
+
+Key rows are written before the events that use them. On SQLite they commit with
+``synchronous=NORMAL`` and on PostgreSQL with ``synchronous_commit=off``: both logs are
+sequential, so the fsync of the event's own commit makes the earlier key row durable
+too, and a new subject costs no extra fsync.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+KEYS_TABLE = "gateway_ledger_subject_keys"
+META_TABLE = "gateway_ledger_privacy_meta"
+
+
+class KeyTable(Protocol):
+    def get_meta(self, name: str) -> str | None: ...
+    def put_meta_once(self, name: str, value: str) -> str: ...
+    def find(self, subject_id: str) -> tuple[str, bytes] | None: ...
+    def get(self, subject_id: str, key_id: str) -> bytes | None: ...
+    def insert(self, key_id: str, subject_id: str, wrapped: bytes, created_at: str) -> bool: ...
+    def destroy(self, subject_id: str) -> list[str]: ...
+    def rows(self) -> list[tuple[str, str, bytes]]: ...
+    def originators_mentioning(self, topics: Sequence[str], needle: bytes) -> list[str]: ...
+
+
+class SQLiteKeyTable:
+    """A private connection to the store's file: secure_delete on, its own transactions."""
+
+    def __init__(self, db_path: str, events_table: str, busy_timeout: float = 10.0) -> None:
+        self.db_path = db_path
+        self.events_table = events_table
+        self.busy_timeout = busy_timeout
+        self._conn: sqlite3.Connection | None = None
+        self._lock = threading.Lock()
+        self.last_checkpoint_complete: bool | None = None
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            conn = sqlite3.connect(
+                self.db_path,
+                timeout=self.busy_timeout,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+            conn.execute("PRAGMA secure_delete=ON")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {KEYS_TABLE} (subject_id TEXT PRIMARY KEY, "
+                "key_id TEXT NOT NULL, wrapped BLOB NOT NULL, created_at TEXT NOT NULL) "
+                "WITHOUT ROWID"
+            )
+            conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {META_TABLE} "
+                "(name TEXT PRIMARY KEY, value TEXT NOT NULL)"
+            )
+            self._conn = conn
+        return self._conn
+
+    def _read(self, statement: str, params: Iterable[Any]) -> list[Any]:
+        with self._lock:
+            return self._connection().execute(statement, tuple(params)).fetchall()
+
+    def _write(self, statements: Sequence[tuple[str, tuple[Any, ...]]]) -> int:
+        """Run the statements in one write transaction; return the rows they changed."""
+        with self._lock:
+            conn = self._connection()
+            before = conn.total_changes
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for statement, params in statements:
+                    conn.execute(statement, params)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+            return conn.total_changes - before
+
+    def get_meta(self, name: str) -> str | None:
+        rows = self._read(f"SELECT value FROM {META_TABLE} WHERE name=?", (name,))
+        return str(rows[0][0]) if rows else None
+
+    def put_meta_once(self, name: str, value: str) -> str:
+        self._write([(f"INSERT OR IGNORE INTO {META_TABLE} VALUES (?, ?)", (name, value))])
+        stored = self.get_meta(name)
+        assert stored is not None
+        return stored
+
+    def find(self, subject_id: str) -> tuple[str, bytes] | None:
+        rows = self._read(
+            f"SELECT key_id, wrapped FROM {KEYS_TABLE} WHERE subject_id=?", (subject_id,)
+        )
+        return (str(rows[0][0]), bytes(rows[0][1])) if rows else None
+
+    def get(self, subject_id: str, key_id: str) -> bytes | None:
+        rows = self._read(
+            f"SELECT wrapped FROM {KEYS_TABLE} WHERE subject_id=? AND key_id=?",
+            (subject_id, key_id),
+        )
+        return bytes(rows[0][0]) if rows else None
+
+    def insert(self, key_id: str, subject_id: str, wrapped: bytes, created_at: str) -> bool:
+        """Store a new key unless the subject has one (a concurrent creator won): True if ours."""
+        changed = self._write(
+            [
+                (
+                    f"INSERT OR IGNORE INTO {KEYS_TABLE} "
+                    "(subject_id, key_id, wrapped, created_at) VALUES (?, ?, ?, ?)",
+                    (subject_id, key_id, wrapped, created_at),
+                )
+            ]
+        )
+        return changed == 1
+
+    def destroy(self, subject_id: str) -> list[str]:
+        """Delete, zero the freed space, and truncate the WAL that still held the old page."""
+        with self._lock:
+            conn = self._connection()
+            conn.execute("PRAGMA synchronous=FULL")
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    ids = [
+                        str(r[0])
+                        for r in conn.execute(
+                            f"SELECT key_id FROM {KEYS_TABLE} WHERE subject_id=?", (subject_id,)
+                        )
+                    ]
+                    conn.execute(f"DELETE FROM {KEYS_TABLE} WHERE subject_id=?", (subject_id,))
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
+            finally:
+                conn.execute("PRAGMA synchronous=NORMAL")
+            self.last_checkpoint_complete = self._checkpoint(conn)
+        return ids
+
+    @staticmethod
+    def _checkpoint(conn: sqlite3.Connection, tries: int = 50) -> bool:
+        """TRUNCATE needs a moment without readers; retry briefly, report whether it ran."""
+        for _ in range(tries):
+            busy, _log, _done = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            if busy == 0:
+                return True
+            time.sleep(0.02)
+        return False
+
+    def rows(self) -> list[tuple[str, str, bytes]]:
+        return [
+            (str(a), str(b), bytes(c))
+            for a, b, c in self._read(f"SELECT key_id, subject_id, wrapped FROM {KEYS_TABLE}", ())
+        ]
+
+    def originators_mentioning(self, topics: Sequence[str], needle: bytes) -> list[str]:
+        marks = ",".join("?" * len(topics))
+        rows = self._read(
+            f"SELECT DISTINCT originator_id FROM {self.events_table} "
+            f"WHERE topic IN ({marks}) AND instr(state, ?) > 0",
+            (*topics, needle),
+        )
+        return [str(r[0]) for r in rows]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+
+class PostgresKeyTable:
+    """The key table in the store's schema, through the library's connection pool."""
+
+    def __init__(self, datastore: Any, events_table: str) -> None:
+        from psycopg import sql
+
+        self.datastore = datastore
+        self.sql = sql
+        schema = datastore.schema
+        self.keys = sql.Identifier(schema, KEYS_TABLE)
+        self.meta = sql.Identifier(schema, META_TABLE)
+        self.events = sql.Identifier(schema, events_table)
+        self._ready = False
+
+    def _ensure(self) -> None:
+        if self._ready:
+            return
+        sql = self.sql
+        with self.datastore.transaction(commit=True) as cur:
+            cur.execute(
+                sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {} (key_id TEXT PRIMARY KEY, subject_id TEXT "
+                    "NOT NULL UNIQUE, wrapped BYTEA NOT NULL, created_at TEXT NOT NULL)"
+                ).format(self.keys)
+            )
+            cur.execute(
+                sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {} (name TEXT PRIMARY KEY, value TEXT NOT NULL)"
+                ).format(self.meta)
+            )
+        self._ready = True
+
+    def _read(self, statement: Any, params: Sequence[Any]) -> list[Any]:
+        self._ensure()
+        with self.datastore.transaction(commit=False) as cur:
+            cur.execute(statement, params)
+            return list(cur.fetchall())
+
+    def get_meta(self, name: str) -> str | None:
+        rows = self._read(
+            self.sql.SQL("SELECT value FROM {} WHERE name=%s").format(self.meta), (name,)
+        )
+        return str(rows[0]["value"]) if rows else None
+
+    def put_meta_once(self, name: str, value: str) -> str:
+        self._ensure()
+        with self.datastore.transaction(commit=True) as cur:
+            cur.execute(
+                self.sql.SQL("INSERT INTO {} VALUES (%s, %s) ON CONFLICT DO NOTHING").format(
+                    self.meta
+                ),
+                (name, value),
+            )
+        stored = self.get_meta(name)
+        assert stored is not None
+        return stored
+
+    def find(self, subject_id: str) -> tuple[str, bytes] | None:
+        rows = self._read(
+            self.sql.SQL("SELECT key_id, wrapped FROM {} WHERE subject_id=%s").format(self.keys),
+            (subject_id,),
+        )
+        return (str(rows[0]["key_id"]), bytes(rows[0]["wrapped"])) if rows else None
+
+    def get(self, subject_id: str, key_id: str) -> bytes | None:
+        rows = self._read(
+            self.sql.SQL("SELECT wrapped FROM {} WHERE subject_id=%s AND key_id=%s").format(
+                self.keys
+            ),
+            (subject_id, key_id),
+        )
+        return bytes(rows[0]["wrapped"]) if rows else None
+
+    def insert(self, key_id: str, subject_id: str, wrapped: bytes, created_at: str) -> bool:
+        self._ensure()
+        with self.datastore.transaction(commit=True) as cur:
+            cur.execute("SET LOCAL synchronous_commit TO OFF")
+            cur.execute(
+                self.sql.SQL(
+                    "INSERT INTO {} (subject_id, key_id, wrapped, created_at) "
+                    "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING"
+                ).format(self.keys),
+                (subject_id, key_id, wrapped, created_at),
+            )
+            return bool(cur.rowcount == 1)
+
+    def destroy(self, subject_id: str) -> list[str]:
+        self._ensure()
+        with self.datastore.transaction(commit=True) as cur:
+            cur.execute(
+                self.sql.SQL("DELETE FROM {} WHERE subject_id=%s RETURNING key_id").format(
+                    self.keys
+                ),
+                (subject_id,),
+            )
+            ids = [str(r["key_id"]) for r in cur.fetchall()]
+        with self.datastore.get_connection() as conn:  # autocommit: VACUUM runs outside a tx
+            conn.execute(self.sql.SQL("VACUUM FULL {}").format(self.keys))
+        return ids
+
+    def rows(self) -> list[tuple[str, str, bytes]]:
+        return [
+            (str(r["key_id"]), str(r["subject_id"]), bytes(r["wrapped"]))
+            for r in self._read(
+                self.sql.SQL("SELECT key_id, subject_id, wrapped FROM {}").format(self.keys), ()
+            )
+        ]
+
+    def originators_mentioning(self, topics: Sequence[str], needle: bytes) -> list[str]:
+        rows = self._read(
+            self.sql.SQL(
+                "SELECT DISTINCT originator_id FROM {} "
+                "WHERE topic = ANY(%s) AND position(%s::bytea in state) > 0"
+            ).format(self.events),
+            (list(topics), needle),
+        )
+        return [str(r["originator_id"]) for r in rows]
+
+    def close(self) -> None:
+        pass
+
+
+def key_table_for(recorder: Any) -> KeyTable:
+    """The key table beside the recorder's events, whichever store that is."""
+    datastore = recorder.datastore
+    events_table = recorder.events_table_name
+    if hasattr(datastore, "schema"):
+        return PostgresKeyTable(datastore, events_table)
+    return SQLiteKeyTable(datastore.pool.db_name, events_table)

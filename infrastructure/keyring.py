@@ -1,0 +1,218 @@
+"""Per-subject data keys: created on first use, wrapped by the master key, cached briefly.
+
+A subject is one session key, named in the store only by a keyed hash (``subject_id``),
+so neither the key table nor an event envelope holds the session key itself. Unwrapped
+keys are cached per process (bounded LRU) for ``GATEWAY_LEDGER_KEY_CACHE_TTL`` seconds
+(default 60): after an erasure elsewhere, this process stops using the destroyed key
+within that time (ADR 0012 discusses the window).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from gateway_ledger.domain.errors import LedgerError
+from gateway_ledger.infrastructure.key_table import KeyTable
+from gateway_ledger.infrastructure.master_key import derive, load_master_key
+
+log = logging.getLogger("gateway_ledger.privacy")
+
+CACHE_TTL_ENV = "GATEWAY_LEDGER_KEY_CACHE_TTL"
+DEFAULT_CACHE_TTL = 60.0
+DEFAULT_CACHE_SIZE = 4096
+_MASTER_CHECK = "master_key_check"
+
+_keyrings: weakref.WeakSet[KeyRing] = weakref.WeakSet()
+
+
+class MasterKeyMismatch(LedgerError):
+    """The store's keys were wrapped by another master key: refuse rather than lose data."""
+
+
+class _LRU:
+    """A small thread-safe LRU with per-entry expiry."""
+
+    def __init__(self, size: int, ttl: float) -> None:
+        self.size = size
+        self.ttl = ttl
+        self._data: OrderedDict[str, tuple[float, object]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str, now: float) -> tuple[bool, object]:
+        with self._lock:
+            hit = self._data.get(key)
+            if hit is None or hit[0] <= now:
+                return False, None
+            self._data.move_to_end(key)
+            return True, hit[1]
+
+    def put(self, key: str, value: object, now: float) -> None:
+        with self._lock:
+            self._data[key] = (now + self.ttl, value)
+            self._data.move_to_end(key)
+            while len(self._data) > self.size:
+                self._data.popitem(last=False)
+
+    def drop_where(self, predicate: Callable[[str, object], bool]) -> None:
+        with self._lock:
+            for k in [k for k, (_, v) in self._data.items() if predicate(k, v)]:
+                del self._data[k]
+
+
+class KeyRing:
+    """Finds, creates and destroys subject data keys in one store's key table."""
+
+    def __init__(
+        self,
+        table: Callable[[], KeyTable],
+        location: str,
+        *,
+        key_file: str | Path | None = None,
+        cache_size: int = DEFAULT_CACHE_SIZE,
+        cache_ttl: float | None = None,
+    ) -> None:
+        self._table_factory = table
+        self._table: KeyTable | None = None
+        self.location = location
+        self.key_file = key_file
+        ttl = (
+            cache_ttl
+            if cache_ttl is not None
+            else float(os.environ.get(CACHE_TTL_ENV, DEFAULT_CACHE_TTL))
+        )
+        self._sealing = _LRU(cache_size, ttl)  # subject_id -> (key_id, AESGCM)
+        self._opening = _LRU(cache_size, ttl)  # key_id -> (subject_id, AESGCM) | None
+        self._init_lock = threading.Lock()
+        self._wrap: AESGCM | None = None
+        self._name_key = b""
+        self._names: dict[str, str] = {}  # session key -> subject id (pure function, cached)
+        _keyrings.add(self)
+
+    # -- set-up -----------------------------------------------------------------------------
+
+    @property
+    def table(self) -> KeyTable:
+        if self._table is None:
+            self._setup()
+        assert self._table is not None
+        return self._table
+
+    def _setup(self) -> None:
+        with self._init_lock:
+            if self._table is not None:
+                return
+            master = load_master_key(self.location, self.key_file)
+            table = self._table_factory()
+            check = hmac.new(master, b"gateway-ledger master key check v1", "sha256").hexdigest()
+            stored = table.put_meta_once(_MASTER_CHECK, check[:32])
+            if not hmac.compare_digest(stored, check[:32]):
+                raise MasterKeyMismatch(
+                    "this store's data keys were wrapped by another master key; "
+                    "set GATEWAY_LEDGER_MASTER_KEY or the key file to the store's key"
+                )
+            self._wrap = AESGCM(derive(master, "gateway-ledger/wrap-data-keys/v1"))
+            self._name_key = derive(master, "gateway-ledger/subject-id/v1")
+            self._table = table
+
+    # -- subjects ---------------------------------------------------------------------------
+
+    def subject_id(self, session_key: str) -> str:
+        """A keyed, stable name for a session key: links its events, reveals nothing."""
+        known = self._names.get(session_key)
+        if known is not None:
+            return known
+        if self._table is None:
+            self._setup()
+        digest = hmac.new(self._name_key, session_key.encode("utf-8"), hashlib.sha256)
+        name = digest.hexdigest()[:32]
+        if len(self._names) >= DEFAULT_CACHE_SIZE:
+            self._names.clear()
+        self._names[session_key] = name
+        return name
+
+    def sealing_key(self, subject_id: str) -> tuple[str, AESGCM]:
+        """The subject's current data key, created (and stored wrapped) on first use."""
+        now = time.monotonic()
+        hit, value = self._sealing.get(subject_id, now)
+        if hit:
+            return value  # type: ignore[return-value]
+        table = self.table
+        row = table.find(subject_id)
+        if row is None:
+            key_id = secrets.token_hex(12)
+            dek = AESGCM.generate_key(bit_length=256)
+            created = datetime.now(UTC).isoformat()
+            if table.insert(key_id, subject_id, self._wrap_key(key_id, subject_id, dek), created):
+                aead = AESGCM(dek)
+                log.debug("data key created for subject %s", subject_id)
+            else:
+                row = table.find(subject_id)  # a concurrent creator won: use its key
+                assert row is not None
+        if row is not None:
+            key_id, wrapped = row
+            aead = AESGCM(self._unwrap_key(key_id, subject_id, wrapped))
+        self._sealing.put(subject_id, (key_id, aead), now)
+        self._opening.put(key_id, (subject_id, aead), now)
+        return key_id, aead
+
+    def opening_key(self, subject_id: str, key_id: str) -> tuple[str, AESGCM] | None:
+        """The subject's key with this id, or None when it was destroyed (erased)."""
+        now = time.monotonic()
+        hit, value = self._opening.get(key_id, now)
+        if hit:
+            return value  # type: ignore[return-value]
+        wrapped = self.table.get(subject_id, key_id)
+        result = None
+        if wrapped is not None:
+            result = (subject_id, AESGCM(self._unwrap_key(key_id, subject_id, wrapped)))
+        self._opening.put(key_id, result, now)
+        return result
+
+    def destroy(self, subject_id: str) -> list[str]:
+        """Delete every key of the subject from the store and from every cache here."""
+        destroyed = self.table.destroy(subject_id)
+        for ring in list(_keyrings):
+            ring.evict(subject_id, destroyed)
+        log.info("destroyed %d data key(s) of subject %s", len(destroyed), subject_id)
+        return destroyed
+
+    def evict(self, subject_id: str, key_ids: list[str]) -> None:
+        self._sealing.drop_where(lambda k, _: k == subject_id)
+        gone = set(key_ids)
+        self._opening.drop_where(
+            lambda k, v: k in gone or (v is not None and v[0] == subject_id)  # type: ignore[index]
+        )
+
+    # -- wrapping ---------------------------------------------------------------------------
+
+    def _wrap_key(self, key_id: str, subject_id: str, dek: bytes) -> bytes:
+        assert self._wrap is not None
+        nonce = secrets.token_bytes(12)
+        return nonce + self._wrap.encrypt(nonce, dek, _wrap_aad(key_id, subject_id))
+
+    def _unwrap_key(self, key_id: str, subject_id: str, wrapped: bytes) -> bytes:
+        assert self._wrap is not None
+        try:
+            return self._wrap.decrypt(wrapped[:12], wrapped[12:], _wrap_aad(key_id, subject_id))
+        except InvalidTag:
+            raise MasterKeyMismatch(
+                f"data key {key_id} does not open with this master key"
+            ) from None
+
+
+def _wrap_aad(key_id: str, subject_id: str) -> bytes:
+    return f"gateway-ledger/data-key/v1|{key_id}|{subject_id}".encode()

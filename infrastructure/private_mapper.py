@@ -1,0 +1,309 @@
+"""Encrypt personal fields at the edge: a Mapper that seals them on the way to the store.
+
+The domain stays pure and its aggregates hold clear text in memory. On the way out, for
+each event type named in a :class:`PrivacyPolicy`, the personal fields are gathered into
+one AES-GCM ciphertext under the subject's data key, and the stored event keeps, in
+their place, exactly what a reader sees once the key is destroyed: ``[erased]`` for
+text, empty lists and mappings for collections. The ciphertext is bound (AAD) to its
+subject, key, aggregate, version and event type, so it cannot be moved to another
+event. Everything else (states, times, attempts, platform, owner, classification,
+hashes) stays in clear: projections, sweeps and audits never need a key.
+
+Declaring a new event type private is one line in a policy::
+
+    SealedEvent(Session.MessageAppended, ("content", "source.user_name"))
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import logging
+import os
+from collections.abc import Callable
+from typing import Any, ClassVar
+from uuid import UUID
+
+import attrs
+import orjson
+from cryptography.exceptions import InvalidTag
+from eventsourcing.persistence import (
+    Mapper,
+    MapperDeserialisationError,
+    StoredEvent,
+    Transcoder,
+    find_id_convertor,
+)
+from eventsourcing.utils import get_topic, resolve_topic
+
+from gateway_ledger.infrastructure.key_table import key_table_for
+from gateway_ledger.infrastructure.keyring import KeyRing
+
+log = logging.getLogger("gateway_ledger.privacy")
+
+ERASED = "[erased]"
+"""What readers see where personal data was, once its subject's key is gone."""
+
+SEALED = "_sealed_"
+ENCRYPT_ENV = "GATEWAY_LEDGER_ENCRYPT"
+_OFF = {"0", "n", "no", "false", "off"}
+_MAX_REMEMBERED = 100_000
+
+
+@attrs.frozen
+class SealedEvent:
+    """One event type's personal fields (``a`` or ``a.b`` for an attrs value's field).
+
+    ``subject_from`` names the field that holds the session key on an aggregate's first
+    event; later events of the aggregate inherit its subject.
+    """
+
+    event: type
+    fields: tuple[str, ...]
+    subject_from: str | None = None
+
+    @property
+    def topic(self) -> str:
+        return get_topic(self.event)
+
+
+class PrivacyPolicy:
+    """Which events carry personal data, and where; the rest is stored as is."""
+
+    def __init__(self, *events: SealedEvent) -> None:
+        self.events = events
+        self.by_topic: dict[str, SealedEvent] = {e.topic: e for e in events}
+
+    def extended(self, *events: SealedEvent) -> PrivacyPolicy:
+        return PrivacyPolicy(*self.events, *events)
+
+    @property
+    def subject_topics(self) -> list[str]:
+        return [e.topic for e in self.events if e.subject_from]
+
+
+def placeholder(value: Any) -> Any:
+    if isinstance(value, str):
+        return ERASED
+    if isinstance(value, list | tuple):
+        return []
+    if isinstance(value, dict):
+        return {}
+    return None
+
+
+def _is_empty(value: Any) -> bool:
+    return value is None or (isinstance(value, str | list | tuple | dict) and not value)
+
+
+def _aad(subject: str, key_id: str, originator_id: Any, version: int, topic: str) -> bytes:
+    return f"gateway-ledger/event/v1|{subject}|{key_id}|{originator_id}|{version}|{topic}".encode()
+
+
+class PrivateMapper(Mapper[UUID]):
+    """The library's Mapper, plus sealing and opening of the policy's personal fields."""
+
+    def __init__(
+        self,
+        transcoder: Transcoder,
+        policy: PrivacyPolicy,
+        keyring: KeyRing,
+        *,
+        encrypt: bool = True,
+        first_event: Callable[[UUID], StoredEvent | None] | None = None,
+    ) -> None:
+        super().__init__(transcoder=transcoder)
+        self.policy = policy
+        self.keyring = keyring
+        self.encrypt = encrypt
+        self.first_event = first_event
+        self._subjects: dict[str, str] = {}
+
+    # -- subjects of aggregates -------------------------------------------------------------
+
+    def subject_of(self, originator_id: UUID) -> str | None:
+        """The subject of an aggregate, from its sealed first event (None: none recorded)."""
+        key = str(originator_id)
+        subject = self._subjects.get(key)
+        if subject is None and self.first_event is not None:
+            stored = self.first_event(originator_id)
+            if stored is not None and SEALED.encode() in stored.state:
+                subject = orjson.loads(stored.state)[SEALED]["s"]
+                self._remember(key, subject)
+        return subject
+
+    def _remember(self, originator_id: str, subject: str) -> None:
+        if len(self._subjects) >= _MAX_REMEMBERED:
+            with contextlib.suppress(StopIteration, KeyError, RuntimeError):
+                del self._subjects[next(iter(self._subjects))]
+        self._subjects[originator_id] = subject
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def to_stored_event(self, domain_event: Any) -> StoredEvent:
+        topic = get_topic(domain_event.__class__)
+        state = dict(vars(domain_event))
+        originator_id = state.pop("originator_id")
+        originator_version = state.pop("originator_version")
+        class_version = getattr(type(domain_event), "class_version", 1)
+        if class_version > 1:
+            state["class_version"] = class_version
+        spec = self.policy.by_topic.get(topic) if self.encrypt else None
+        if spec is not None:
+            self._seal(spec, state, originator_id, originator_version, topic)
+        return StoredEvent(
+            originator_id=originator_id,
+            originator_version=originator_version,
+            topic=topic,
+            state=self.transcoder.encode(state),
+        )
+
+    def _seal(
+        self, spec: SealedEvent, state: dict[str, Any], originator_id: Any, version: int, topic: str
+    ) -> None:
+        if spec.subject_from:
+            subject = self.keyring.subject_id(str(state[spec.subject_from]))
+            self._remember(str(originator_id), subject)
+        else:
+            found = self.subject_of(originator_id)
+            if found is None:
+                log.debug("aggregate %s has no subject (stored in clear before)", originator_id)
+                return
+            subject = found
+        secret: dict[str, Any] = {}
+        nested: dict[str, dict[str, Any]] = {}
+        for path in spec.fields:
+            head, _, attr = path.partition(".")
+            if attr:
+                holder = state.get(head)
+                value = getattr(holder, attr, None)
+                if not _is_empty(value):
+                    secret[path] = value
+                    nested.setdefault(head, {})[attr] = placeholder(value)
+            else:
+                value = state.get(head)
+                if not _is_empty(value):
+                    secret[path] = value
+                    state[head] = placeholder(value)
+        for head, changes in nested.items():
+            state[head] = attrs.evolve(state[head], **changes)
+        envelope: dict[str, str] = {"s": subject}
+        if secret:
+            key_id, aead = self.keyring.sealing_key(subject)
+            nonce = os.urandom(12)
+            sealed = aead.encrypt(
+                nonce,
+                self.transcoder.encode(secret),
+                _aad(subject, key_id, originator_id, version, topic),
+            )
+            envelope["k"] = key_id
+            envelope["c"] = base64.b64encode(nonce + sealed).decode("ascii")
+        state[SEALED] = envelope
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def to_domain_event(self, stored_event: StoredEvent) -> Any:
+        cls = resolve_topic(stored_event.topic)
+        try:
+            event_state: dict[str, Any] = self.transcoder.decode(stored_event.state)
+        except Exception as e:
+            msg = (
+                f"Failed to deserialise state of stored event with topic "
+                f"'{stored_event.topic}', originator_id '{stored_event.originator_id}' and "
+                f"originator_version {stored_event.originator_version}: {e}"
+            )
+            raise MapperDeserialisationError(msg) from e
+        envelope = event_state.pop(SEALED, None)
+        if envelope is not None:
+            self._open(envelope, event_state, stored_event)
+        id_convertor = find_id_convertor(cls, type(stored_event.originator_id))  # type: ignore[arg-type]
+        event_state["originator_id"] = id_convertor(stored_event.originator_id)
+        event_state["originator_version"] = stored_event.originator_version
+        class_version = getattr(cls, "class_version", 1)
+        from_version = event_state.pop("class_version", 1)
+        while from_version < class_version:
+            getattr(cls, f"upcast_v{from_version}_v{from_version + 1}")(event_state)
+            from_version += 1
+        domain_event = object.__new__(cls)
+        object.__setattr__(domain_event, "__dict__", event_state)
+        return domain_event
+
+    def _open(self, envelope: dict[str, str], state: dict[str, Any], stored: StoredEvent) -> None:
+        subject = envelope["s"]
+        self._remember(str(stored.originator_id), subject)
+        if "c" not in envelope:
+            return
+        key_id = envelope["k"]
+        key = self.keyring.opening_key(subject, key_id)
+        if key is None:
+            return  # erased: the clear placeholders are what remains
+        _, aead = key
+        blob = base64.b64decode(envelope["c"])
+        try:
+            plain = aead.decrypt(
+                blob[:12],
+                blob[12:],
+                _aad(
+                    subject, key_id, stored.originator_id, stored.originator_version, stored.topic
+                ),
+            )
+        except InvalidTag:
+            log.warning(
+                "sealed fields of %s v%d fail authentication; shown as erased",
+                stored.originator_id,
+                stored.originator_version,
+            )
+            return
+        secret: dict[str, Any] = self.transcoder.decode(plain)
+        nested: dict[str, dict[str, Any]] = {}
+        for path, value in secret.items():
+            head, _, attr = path.partition(".")
+            if attr:
+                nested.setdefault(head, {})[attr] = value
+            else:
+                state[head] = value
+        for head, changes in nested.items():
+            state[head] = attrs.evolve(state[head], **changes)
+
+
+class PrivateEvents:
+    """Mixin for an eventsourcing Application whose events may hold personal data.
+
+    Set ``privacy_policy``; encryption is on unless the environment says
+    ``GATEWAY_LEDGER_ENCRYPT=n`` (the applications' ``encrypt=False`` sets it). Reading
+    always opens sealed events, whatever the setting.
+    """
+
+    privacy_policy: ClassVar[PrivacyPolicy] = PrivacyPolicy()
+    env: Any
+    recorder: Any
+
+    def construct_mapper(self) -> Mapper[UUID]:
+        env = self.env
+        encrypt = str(env.get(ENCRYPT_ENV, "y")).strip().lower() not in _OFF
+        if env.get("PERSISTENCE_MODULE") == "eventsourcing.postgres":
+            location = "postgresql://"
+        else:
+            location = str(env.get("SQLITE_DBNAME") or "")
+        keyring = KeyRing(
+            lambda: key_table_for(self.recorder),
+            location,
+            key_file=env.get("GATEWAY_LEDGER_KEY_FILE") or None,
+        )
+        return PrivateMapper(
+            self.construct_transcoder(),  # type: ignore[attr-defined]
+            self.privacy_policy,
+            keyring,
+            encrypt=encrypt,
+            first_event=self._first_stored_event,
+        )
+
+    def _first_stored_event(self, originator_id: UUID) -> StoredEvent | None:
+        events = self.recorder.select_events(originator_id, lte=1, limit=1)
+        return events[0] if events else None
+
+    @property
+    def private_mapper(self) -> PrivateMapper:
+        mapper = self.mapper  # type: ignore[attr-defined]
+        assert isinstance(mapper, PrivateMapper)
+        return mapper

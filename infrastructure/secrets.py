@@ -1,0 +1,90 @@
+"""The per-installation secret behind keyed session-key hashing.
+
+Created on first use with owner-only permissions (0600) and never rewritten: losing or
+replacing it changes every hashed key, i.e. starts a new session for every conversation
+(the store detects that, see ``SessionKeying``). For SQLite it lives next to the database
+file; for PostgreSQL every host must read the same secret, so a directory must be given
+(``secret_dir=`` or ``GATEWAY_LEDGER_SECRET_DIR``).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+from pathlib import Path
+
+from gateway_ledger.domain.errors import InvalidInput
+from gateway_ledger.infrastructure.store import is_postgres_url
+
+SECRET_BYTES = 32
+SECRET_DIR_ENV = "GATEWAY_LEDGER_SECRET_DIR"
+
+
+def secret_path(location: str | Path, secret_dir: str | Path | None = None) -> Path:
+    """Where the session secret of the store at ``location`` lives."""
+    text = str(location)
+    directory = secret_dir or os.environ.get(SECRET_DIR_ENV)
+    if is_postgres_url(text):
+        if not directory:
+            raise InvalidInput(
+                "a PostgreSQL session store needs secret_dir= (or "
+                f"{SECRET_DIR_ENV}): every host must hash keys with the same secret"
+            )
+        from gateway_ledger.infrastructure.postgres import parse_postgres_url
+
+        params = parse_postgres_url(text)
+        return Path(directory) / f"{params['dbname']}.{params['schema']}.session-secret"
+    db = Path(text)
+    if directory:
+        return Path(directory) / f"{db.name}.session-secret"
+    return db.with_name(f"{db.name}.session-secret")
+
+
+def load_or_create_secret(path: str | Path) -> bytes:
+    """Read the secret at ``path``, creating it atomically (0600) if it does not exist."""
+    target = Path(path)
+    if not target.exists():
+        _create(target)
+    return _read(target)
+
+
+def _create(target: Path) -> None:
+    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, (secrets.token_hex(SECRET_BYTES) + "\n").encode("ascii"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        # link() fails if another process created the secret first: theirs wins, and
+        # nobody ever reads a half-written file.
+        os.link(tmp, target)
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
+    dir_fd = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _read(target: Path) -> bytes:
+    mode = stat.S_IMODE(target.stat().st_mode)
+    if mode & 0o077:
+        raise InvalidInput(
+            f"{target} is readable by others (mode {mode:o}); run: chmod 600 {target}"
+        )
+    text = target.read_text("ascii").strip()
+    try:
+        secret = bytes.fromhex(text)
+    except ValueError:
+        raise InvalidInput(f"{target} does not hold a hex secret") from None
+    if len(secret) < 16:
+        raise InvalidInput(f"{target} holds a secret shorter than 16 bytes")
+    return secret

@@ -1,0 +1,1 @@
+"""Simulated chat platforms and gateway workers for ``gateway-ledger simulate`` and tests."""

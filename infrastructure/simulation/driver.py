@@ -1,0 +1,255 @@
+"""Runs a simulation: worker processes killed with SIGKILL and restarted, concurrent
+sweepers, then a report counted from the ledger and from what the platforms received."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from gateway_ledger.application.ledger import DeliveryLedger
+from gateway_ledger.application.ports import DUPLICATE_NOTICE
+from gateway_ledger.domain.errors import NotFound
+from gateway_ledger.domain.obligation import compute_obligation_id
+from gateway_ledger.infrastructure.simulation.platform import (
+    Received,
+    count_deduplicated,
+    read_journal,
+)
+from gateway_ledger.infrastructure.simulation.workload import Turn, build_turns, default_platforms
+
+WORKER_MODULE = "gateway_ledger.infrastructure.simulation.worker"
+
+
+@attrs.frozen
+class SimulationConfig:
+    seed: int = 1
+    conversations: int = 120
+    turns: int = 4
+    workers: int = 3
+    kills: int = 8
+    db: str | None = None
+
+
+@attrs.define
+class Report:
+    seed: int
+    obligations: int = 0
+    delivered: int = 0
+    delivered_first_time: int = 0
+    redelivered_with_marker: int = 0
+    redelivered_plain: int = 0
+    deduplicated_by_platform: int = 0
+    abandoned: dict[str, int] = attrs.field(factory=dict)
+    unresolved: int = 0
+    lost: int = 0
+    unlabelled_duplicates: int = 0
+    messages_received: int = 0
+    kills: int = 0
+    restarts: int = 0
+    sweeper_runs: int = 0
+    ledger_faults: int = 0
+    gateway_failures: int = 0
+    seconds: float = 0.0
+    obligations_per_second: float = 0.0
+    db: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.lost == 0
+            and self.unlabelled_duplicates == 0
+            and self.unresolved == 0
+            and self.gateway_failures == 0
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        d = attrs.asdict(self)
+        d["ok"] = self.ok
+        return d
+
+
+class Simulation:
+    def __init__(
+        self, config: SimulationConfig, progress: Callable[[str], None] | None = None
+    ) -> None:
+        self.config = config
+        self.progress = progress or (lambda _: None)
+        self.rng = random.Random(config.seed)
+        self.run_dir = Path(tempfile.mkdtemp(prefix="gateway-ledger-sim-"))
+        self.db = config.db or str(self.run_dir / "ledger.db")
+        self.turns, dead = build_turns(config.seed, config.conversations, config.turns)
+        self.platforms = default_platforms(dead)
+        self.report = Report(seed=config.seed, db=self.db)
+        self.spec_path = self.run_dir / "spec.json"
+        self.spec_path.write_text(
+            json.dumps(
+                {
+                    "db": self.db,
+                    "seed": config.seed,
+                    "journal_dir": str(self.run_dir),
+                    "run_dir": str(self.run_dir),
+                    "workers": config.workers,
+                    "platforms": {n: b.to_dict() for n, b in self.platforms.items()},
+                    "turns": [t.to_dict() for t in self.turns],
+                }
+            )
+        )
+
+    def _spawn(self, role: str, index: int) -> subprocess.Popen[bytes]:
+        with open(self.run_dir / f"{role}-{index}.log", "ab") as log_file:
+            return subprocess.Popen(
+                [sys.executable, "-m", WORKER_MODULE, str(self.spec_path), role, str(index)],
+                stdout=subprocess.DEVNULL,
+                stderr=log_file,
+            )
+
+    def _reap(self, procs: list[subprocess.Popen[bytes]]) -> None:
+        for proc in procs:
+            if proc.wait(timeout=60) != 0:
+                self.report.gateway_failures += 1
+
+    def _done(self, index: int) -> bool:
+        return (self.run_dir / f"done-{index}").exists()
+
+    def run(self) -> Report:
+        started = time.monotonic()
+        workers = {i: self._spawn("worker", i) for i in range(self.config.workers)}
+        sweepers: list[subprocess.Popen[bytes]] = []
+        kills_left = self.config.kills
+        next_kill = time.monotonic() + self.rng.uniform(0.4, 1.2)
+        while True:
+            for i, proc in list(workers.items()):
+                code = proc.poll()
+                if code is not None and not self._done(i):
+                    raise RuntimeError(f"simulated worker {i} failed with exit code {code}")
+            if all(self._done(i) for i in workers):
+                break
+            live = [i for i, p in workers.items() if p.poll() is None]
+            if kills_left and live and time.monotonic() >= next_kill:
+                victim = self.rng.choice(live)
+                os.kill(workers[victim].pid, signal.SIGKILL)
+                workers[victim].wait()  # reaped: a zombie's /proc entry would look alive
+                self.report.kills += 1
+                kills_left -= 1
+                # The replacement and a sweeper start together: two gateways sweep at once.
+                workers[victim] = self._spawn("worker", victim)
+                sweepers.append(self._spawn("sweeper", 100 + self.report.kills))
+                self.report.restarts += 1
+                self.report.sweeper_runs += 1
+                next_kill = time.monotonic() + self.rng.uniform(0.3, 1.0)
+            self._show(started)
+            time.sleep(0.05)
+        self._reap(list(workers.values()) + sweepers)  # an exiting owner still looks alive
+        # Closing time: two gateways sweep the same store at once until nothing is owed.
+        for _ in range(8):
+            if self._unresolved_count() == 0:
+                break
+            pair = [self._spawn("sweeper", 900 + n) for n in range(2)]
+            self._reap(pair)
+            self.report.sweeper_runs += 2
+            self._show(started)
+        self.report.seconds = round(time.monotonic() - started, 2)
+        self._count()
+        return self.report
+
+    def _show(self, started: float) -> None:
+        done = sum(self._done(i) for i in range(self.config.workers))
+        self.progress(
+            f"{time.monotonic() - started:5.1f}s  kills {self.report.kills}/{self.config.kills}"
+            f"  sweeper runs {self.report.sweeper_runs}"
+            f"  workers done {done}/{self.config.workers}"
+        )
+
+    def _unresolved_count(self) -> int:
+        ledger = DeliveryLedger.open(self.db)
+        try:
+            n = 0
+            for turn in self.turns:
+                try:
+                    status = ledger.get(self._oid(turn))
+                except NotFound:
+                    n += 1
+                    continue
+                n += status.state not in ("delivered", "abandoned")
+            return n
+        finally:
+            ledger.close()
+
+    @staticmethod
+    def _oid(turn: Turn) -> str:
+        return compute_obligation_id(turn.session_key, turn.inbound_id, turn.content)
+
+    def _count(self) -> None:
+        r = self.report
+        copies: dict[tuple[str, str, str], list[Received]] = {}
+        for platform in self.platforms:
+            journal = self.run_dir / f"{platform}.db"
+            r.deduplicated_by_platform += count_deduplicated(journal)
+            for msg in read_journal(journal):
+                r.messages_received += 1
+                if msg.media_uri is not None:
+                    part_id = ("media", msg.media_uri)
+                else:
+                    text = msg.content
+                    if text.startswith(DUPLICATE_NOTICE):
+                        text = text[len(DUPLICATE_NOTICE) :].removeprefix("\n")
+                    part_id = ("text", text)
+                copies.setdefault((msg.reply_to or "", *part_id), []).append(msg)
+        abandoned: Counter[str] = Counter()
+        ledger = DeliveryLedger.open(self.db)
+        try:
+            for turn in self.turns:
+                try:
+                    status = ledger.get(self._oid(turn))
+                    history = [h.type for h in ledger.history(self._oid(turn))]
+                except NotFound:
+                    r.lost += 1
+                    continue
+                r.obligations += 1
+                marked = False
+                missing = False
+                for kind, ident in turn.expected_parts:
+                    got = copies.get((turn.inbound_id, kind, ident), [])
+                    missing = missing or not got
+                    marked = marked or any(m.content.startswith(DUPLICATE_NOTICE) for m in got)
+                    r.unlabelled_duplicates += sum(
+                        1 for m in got[1:] if not m.content.startswith(DUPLICATE_NOTICE)
+                    )
+                if status.state == "abandoned":
+                    abandoned[status.abandon_reason or "?"] += 1
+                    continue
+                if status.state != "delivered":
+                    r.unresolved += 1
+                    r.lost += missing
+                    continue
+                r.delivered += 1
+                r.lost += missing
+                first_time = (
+                    history.count("Attempting") == 1
+                    and "Claimed" not in history
+                    and "Failed" not in history
+                )
+                if first_time:
+                    r.delivered_first_time += 1
+                elif marked:
+                    r.redelivered_with_marker += 1
+                else:
+                    r.redelivered_plain += 1
+        finally:
+            ledger.close()
+        r.abandoned = dict(sorted(abandoned.items()))
+        for path in self.run_dir.glob("*-*-*.json"):  # one per gateway process that finished
+            r.ledger_faults += json.loads(path.read_text()).get("ledger_faults", 0)
+        r.obligations_per_second = round(r.obligations / r.seconds, 1) if r.seconds else 0.0

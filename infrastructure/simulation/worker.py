@@ -1,0 +1,103 @@
+"""One gateway process of a simulation (or of the end-to-end test): really killable.
+
+``python -m gateway_ledger.infrastructure.simulation.worker SPEC ROLE INDEX``
+
+- role ``worker``: start (the boot sweep), then run its conversations (turns in order,
+  conversations concurrently), wait for runtime retries, touch ``done-INDEX``, exit 0.
+  Re-running after a kill is safe: a turn already recorded is not sent again.
+- role ``sweeper``: start (sweep and re-send what it claimed), wait for retries, exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+import zlib
+from collections import defaultdict
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from gateway_ledger.application.gateway import Gateway
+from gateway_ledger.application.ports import Reply, ReplyContext
+from gateway_ledger.application.scheduling import AsyncioScheduler
+from gateway_ledger.domain.values import LedgerPolicy, MediaItem
+from gateway_ledger.infrastructure.simulation.platform import PlatformBehaviour, SimulatedPlatform
+from gateway_ledger.infrastructure.simulation.workload import Turn
+
+TIME_SCALE = 0.01
+"""Simulated waits are 1/100 of real ones: backoff 30 s -> 0.3 s, 120 s -> 1.2 s."""
+
+
+def scaled_policy() -> LedgerPolicy:
+    return LedgerPolicy(
+        retry_backoff=(timedelta(seconds=30 * TIME_SCALE), timedelta(seconds=120 * TIME_SCALE)),
+        max_retry_after=timedelta(seconds=15 * 60 * TIME_SCALE),
+    )
+
+
+def build_adapters(spec: dict[str, Any], salt: str) -> list[SimulatedPlatform]:
+    journal_dir = Path(spec["journal_dir"])
+    return [
+        SimulatedPlatform(
+            name,
+            journal_dir / f"{name}.db",
+            PlatformBehaviour.from_dict(behaviour),
+            seed=zlib.crc32(f"{spec.get('seed', 0)}|{name}|{salt}".encode()),
+        )
+        for name, behaviour in spec["platforms"].items()
+        if name in spec.get("connected", spec["platforms"])
+    ]
+
+
+async def run_conversation(gateway: Gateway, turns: list[Turn]) -> None:
+    for turn in turns:
+        await asyncio.sleep(turn.think)
+        reply = Reply(
+            content=turn.content,
+            parts=turn.parts,
+            media=tuple(MediaItem(kind="image", uri=u) for u in turn.media),
+            metadata={"turn": turn.index},
+        )
+        context = ReplyContext(
+            session_key=turn.session_key, platform=turn.platform, chat_id=turn.chat_id
+        )
+        await gateway.deliver(context, reply, turn.inbound_id)
+
+
+async def main_async(spec: dict[str, Any], role: str, index: int) -> int:
+    scheduler = AsyncioScheduler()
+    gateway = Gateway.open(spec["db"], policy=scaled_policy(), scheduler=scheduler)
+    adapters = build_adapters(spec, f"{role}-{index}-{os.getpid()}")
+    await gateway.start(adapters)
+    if role == "worker":
+        by_conversation: dict[int, list[Turn]] = defaultdict(list)
+        for raw in spec["turns"]:
+            turn = Turn.from_dict(raw)
+            if turn.conversation % spec["workers"] == index:
+                by_conversation[turn.conversation].append(turn)
+        await asyncio.gather(*(run_conversation(gateway, t) for t in by_conversation.values()))
+    await scheduler.idle()
+    stats = gateway.stats()
+    await gateway.close()
+    for adapter in adapters:
+        adapter.close()
+    out = Path(spec["run_dir"]) / f"{role}-{index}-{os.getpid()}.json"
+    out.write_text(json.dumps({"ledger_faults": stats.ledger_faults, "commits": stats.commits}))
+    if role == "worker":
+        (Path(spec["run_dir"]) / f"done-{index}").touch()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argv if argv is not None else sys.argv[1:]
+    spec = json.loads(Path(args[0]).read_text())
+    logging.basicConfig(level=os.environ.get("GATEWAY_LEDGER_SIM_LOG", "WARNING"))
+    return asyncio.run(main_async(spec, args[1], int(args[2])))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
