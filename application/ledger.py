@@ -57,6 +57,14 @@ def build_transcoder() -> Transcoder:
     return transcoder
 
 
+def _media_item(value: object) -> MediaItem:
+    if isinstance(value, MediaItem):
+        return value
+    if isinstance(value, Mapping):
+        return MediaItem(**value)
+    raise InvalidInput(f"a media item must be a MediaItem or a mapping, not {type(value).__name__}")
+
+
 class DeliveryLedger(PrivateEvents, Application[UUID]):
     """Every final reply the gateway owes, as an event-sourced DeliveryObligation.
 
@@ -160,11 +168,13 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
         parts: Sequence[str] = (),
     ) -> DeliveryObligation:
         """Build (not save) a Recorded obligation owned by this process; validates all input."""
+        if isinstance(media, str | bytes | Mapping) or not isinstance(media, Iterable):
+            raise InvalidInput(f"media must be a list of media items, not {type(media).__name__}")
         try:
             target = DeliveryTarget(
                 platform=platform, chat_id=chat_id, thread_id=thread_id, reply_to=reply_to
             )
-            items = [m if isinstance(m, MediaItem) else MediaItem(**m) for m in media]
+            items = [_media_item(m) for m in media]
         except TypeError as e:
             raise InvalidInput(str(e)) from None
         return DeliveryObligation.record(
@@ -185,12 +195,15 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
         self._save(obligation, "attempting")
 
     def mark_delivered(
-        self, obligation_id: str, receipt: Sequence[str] | str | None = None
+        self, obligation_id: str, receipt: Sequence[str | int] | str | int | None = None
     ) -> None:
-        if isinstance(receipt, str):
-            receipt = [receipt]
+        ids: Any = receipt
+        if receipt is None:
+            ids = []
+        elif isinstance(receipt, str | int) and not isinstance(receipt, bool):
+            ids = [receipt]  # one message id
         obligation = self._load(obligation_id)
-        obligation.confirm_delivery(by=self.owner, now=self.clock(), receipt=receipt or ())
+        obligation.confirm_delivery(by=self.owner, now=self.clock(), receipt=ids)
         self._save(obligation, "delivered")
 
     def mark_failed(
