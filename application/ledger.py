@@ -8,6 +8,7 @@ aggregate's next version; a writer that lost the race gets ConcurrentUpdate.
 from __future__ import annotations
 
 import logging
+import time
 import weakref
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime
@@ -16,7 +17,7 @@ from typing import Any
 from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError, Application
-from eventsourcing.persistence import IntegrityError, Transcoder
+from eventsourcing.persistence import IntegrityError, PersistenceError, Transcoder
 
 from gateway_ledger.application.liveness import LeaseLiveness
 from gateway_ledger.application.privacy import (
@@ -47,7 +48,7 @@ from gateway_ledger.infrastructure.installation import resolve_installation_id
 from gateway_ledger.infrastructure.leases import Heartbeat, LeaseSettings, LeaseTable
 from gateway_ledger.infrastructure.private_mapper import ENCRYPT_ENV, PrivateEvents
 from gateway_ledger.infrastructure.process_identity import current_owner
-from gateway_ledger.infrastructure.store import store_environment
+from gateway_ledger.infrastructure.store import is_concurrent_ddl, store_environment
 from gateway_ledger.infrastructure.transcoder import AttrsTranscoding, OrjsonTranscoder
 from gateway_ledger.projections.recoverable import RecoverableObligations
 
@@ -97,7 +98,14 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
         env = dict(env or {})
         if encrypt is not None:
             env[ENCRYPT_ENV] = "y" if encrypt else "n"
-        super().__init__(env=env)
+        for attempt in range(5):
+            try:
+                super().__init__(env=env)
+                break
+            except PersistenceError as e:  # several hosts creating one schema's tables at once
+                if attempt == 4 or not is_concurrent_ddl(e):
+                    raise
+                time.sleep(0.05 * (attempt + 1))
         sqlite_path = self.env.get("SQLITE_DBNAME")
         self.owner = owner or current_owner(resolve_installation_id(sqlite_path))
         self.policy = policy or LedgerPolicy()
