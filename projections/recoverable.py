@@ -84,6 +84,7 @@ _COLUMNS = (
 _OWNER_MOVES = {
     "Attempting": ObligationState.ATTEMPTING,
     "Claimed": ObligationState.CLAIMED,
+    "RetryRequested": ObligationState.PENDING,  # an operator's retry: claimable at once
 }
 _STATE_ONLY = {"Failed": ObligationState.FAILED}
 _LEAVES = {"Delivered", "Abandoned"}
@@ -162,7 +163,7 @@ class RecoverableObligations:
         elif kind in _LEAVES:
             cursor.execute(sql(f"DELETE FROM {self.table} WHERE aggregate_id = ?"), (aggregate_id,))
         elif kind in _OWNER_MOVES:
-            attempts = getattr(event, "recovery_attempt", None)
+            attempts = 0 if kind == "RetryRequested" else getattr(event, "recovery_attempt", None)
             cursor.execute(
                 sql(
                     f"UPDATE {self.table} SET state = ?, owner_host = ?, owner_boot_id = ?, "
