@@ -17,6 +17,7 @@ from typing import Any
 
 import attrs
 from eventsourcing.application import Application
+from eventsourcing.utils import get_topic
 
 from gateway_ledger.domain.obligation import DeliveryObligation
 from gateway_ledger.domain.values import ErrorClass, ObligationState
@@ -118,6 +119,8 @@ class ObligationIndex:
     ``name`` may be changed to build a shadow copy (``projections rebuild`` proves a
     from-scratch rebuild equals the incremental view that way).
     """
+
+    topic_prefix = get_topic(DeliveryObligation) + "."  # only obligations' events
 
     def __init__(self, app: Application[Any], name: str = INDEX_NAME) -> None:
         self.name = name

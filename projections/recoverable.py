@@ -18,6 +18,7 @@ from typing import Any
 
 import attrs
 from eventsourcing.application import Application
+from eventsourcing.utils import get_topic
 
 from gateway_ledger.domain.obligation import DeliveryObligation
 from gateway_ledger.domain.values import ObligationState, OwnerIdentity
@@ -98,6 +99,7 @@ class RecoverableObligations:
     """The projection (tables + event handling) and its runner, as one object."""
 
     name = VIEW_NAME
+    topic_prefix = get_topic(DeliveryObligation) + "."  # only obligations' events
 
     def __init__(self, app: Application[Any]) -> None:
         self.runner = ProjectionRunner(app, self)
