@@ -216,7 +216,7 @@ def timeline(ledger: DeliveryLedger, obligation_id: str, at: datetime | None = N
     """Replay one obligation's events up to ``at`` (all of them when None)."""
     if at is not None:
         require_aware("at", at)
-    events = list(ledger.events.get(ledger._uuid(obligation_id)))
+    events: list[Any] = list(ledger.events.get(ledger._uuid(obligation_id)))
     if not events:
         raise NotFound("obligation", obligation_id)
     kept = [e for e in events if at is None or e.timestamp <= at]

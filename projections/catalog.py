@@ -31,7 +31,7 @@ Progress = Callable[[int, int], None]
 def _recoverable(app: Application[Any], name: str) -> Any:
     view = RecoverableObligations(app)
     if name != VIEW_NAME:
-        view.name = name  # type: ignore[misc]
+        view.name = name
         view.runner = ProjectionRunner(app, view)
         view.table = view.dialect.table(name)
     return view

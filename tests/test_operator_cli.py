@@ -48,9 +48,7 @@ def run(*args: str, db: Path | str | None = None, check: int | None = 0) -> Any:
     env.pop("GATEWAY_LEDGER_DB", None)
     if db is not None:
         env["GATEWAY_LEDGER_DB"] = str(db)
-    done = subprocess.run(
-        [SCRIPT, *args], capture_output=True, text=True, timeout=120, env=env
-    )
+    done = subprocess.run([SCRIPT, *args], capture_output=True, text=True, timeout=120, env=env)
     if check is not None:
         assert done.returncode == check, (done.returncode, done.stdout, done.stderr)
     return done
@@ -66,12 +64,25 @@ def sim_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("simulated")
     db = folder / "sim.db"
     run(
-        "simulate", "--seed", "4", "--conversations", "16", "--turns", "2",
-        "--workers", "2", "--kills", "2", "--db", str(db),
+        "simulate",
+        "--seed",
+        "4",
+        "--conversations",
+        "16",
+        "--turns",
+        "2",
+        "--workers",
+        "2",
+        "--kills",
+        "2",
+        "--db",
+        str(db),
     )
     store = SessionStore.open(db)
     for chat in ("100", "200"):
-        context = store.resolve(SessionSource(platform="telegram", chat_id=chat, user_id="u" + chat))
+        context = store.resolve(
+            SessionSource(platform="telegram", chat_id=chat, user_id="u" + chat)
+        )
         store.append(context, "user", "hello there")
         store.append(context, "assistant", "hi!")
     store.close()
@@ -132,9 +143,7 @@ def test_list_filters_by_state_platform_since_and_session(sim_dir: Path) -> None
 
 def test_history_shows_every_event_and_a_past_state(sim_dir: Path) -> None:
     db = sim_dir / "sim.db"
-    claimed = [
-        o for o in run_json("list", "--limit", "1000", db=db)["obligations"] if o["claims"]
-    ]
+    claimed = [o for o in run_json("list", "--limit", "1000", db=db)["obligations"] if o["claims"]]
     oid = (claimed or run_json("list", db=db)["obligations"])[0]["obligation_id"]
     full = run_json("history", oid, db=db)
     types = [e["type"] for e in full["history"]]
@@ -150,8 +159,10 @@ def test_history_shows_every_event_and_a_past_state(sim_dir: Path) -> None:
 
 def test_retry_and_abandon_are_refused_on_final_obligations(store: Path) -> None:
     delivered = run_json("list", "--state", "delivered", db=store)["obligations"][0]
-    for args in (["retry", delivered["obligation_id"]],
-                 ["abandon", delivered["obligation_id"], "--reason", "stuck"]):
+    for args in (
+        ["retry", delivered["obligation_id"]],
+        ["abandon", delivered["obligation_id"], "--reason", "stuck"],
+    ):
         done = run(*args, db=store, check=2)
         assert "refused" in done.stderr and len(done.stderr.strip().splitlines()) == 1
         assert "Traceback" not in done.stderr
@@ -246,7 +257,8 @@ def test_metrics_are_prometheus_text_with_the_status_figures(sim_dir: Path) -> N
     assert int(samples["gateway_ledger_unresolved_obligations"]) == stats["unresolved"]
     assert int(samples["gateway_ledger_recovery_claims_total"]) == stats["recovery_claims"]
     delivered = sum(
-        int(v) for k, v in samples.items()
+        int(v)
+        for k, v in samples.items()
         if k.startswith("gateway_ledger_obligations{") and 'state="delivered"' in k
     )
     assert delivered == stats["by_state"]["delivered"]
