@@ -42,7 +42,9 @@ def _facts(kind: str, f: dict[str, Any]) -> str:
     if kind == "Claimed":
         facts.append(f"attempt={f.get('recovery_attempt')} marker={f.get('needs_marker')}")
     if kind == "Failed":
-        facts.append(f"class={f.get('classification')} retry_after={f.get('retry_after')}")
+        retry = f.get("retry_after")
+        wait = "-" if retry is None else f"{retry:.1f}s"
+        facts.append(f"class={f.get('classification')} retry_after={wait}")
     if kind in ("Delivered", "PartDelivered"):
         facts.append(f"receipt={len(f.get('receipt') or [])} id(s)")
     if kind == "Abandoned":
