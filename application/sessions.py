@@ -247,7 +247,10 @@ class SessionStore(Application[UUID]):
         try:
             return bool(self.has_active_processes(key))
         except Exception as e:  # fail closed: an unknown state keeps the session
-            log.warning("has_active_processes failed (%s); treating the session as pinned", e)
+            log.warning(
+                "has_active_processes failed (%s); treating the session as pinned",
+                type(e).__name__,
+            )
             return True
 
     # -- resolve --------------------------------------------------------------------------------
