@@ -323,9 +323,9 @@ def test_cli_forget_with_a_separate_session_store(
     store.close()
     ledger.close()
     exe = Path(sys.executable).with_name("gateway-ledger")
+    args = ["sessions", "forget", key, "--db", sqlite_location, "--sessions-db", sessions_db]
     done = subprocess.run(
-        [str(exe), "sessions", "forget", key, "--db", sqlite_location]
-        + ["--sessions-db", sessions_db, "--json"],
+        [str(exe), *args, "--json"],
         capture_output=True,
         text=True,
         timeout=60,
