@@ -89,7 +89,7 @@ SOURCE_FIELDS = tuple(
 
 SESSION_PRIVACY = PrivacyPolicy(
     SealedEvent(_Session.Started, ("key", *SOURCE_FIELDS), subject_from="key"),
-    SealedEvent(_Session.MessageAppended, ("content", "platform_message_id")),
+    SealedEvent(_Session.MessageAppended, ("content", "platform_message_id"), state_free=True),
     SealedEvent(_Route.Opened, ("key",), subject_from="key"),
     SealedSnapshot(Session, ("key", *SOURCE_FIELDS)),
     SealedSnapshot(SessionRoute, ("key",)),

@@ -606,7 +606,8 @@ class SessionStore(PrivateEvents, Application[UUID]):
 
     def _get(self, uuid: UUID) -> Any:
         try:
-            return self.repository.get(uuid)
+            with self.private_mapper.state_only():  # messages' text is not state: not opened
+                return self.repository.get(uuid)
         except AggregateNotFoundError:
             return None
 

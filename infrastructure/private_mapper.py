@@ -24,7 +24,8 @@ import base64
 import contextlib
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import Any, ClassVar
 from uuid import UUID
 
@@ -53,6 +54,7 @@ SEALED = "_sealed_"
 ENCRYPT_ENV = "GATEWAY_LEDGER_ENCRYPT"
 _OFF = {"0", "n", "no", "false", "off"}
 _MAX_REMEMBERED = 100_000
+_STATE_ONLY: ContextVar[bool] = ContextVar("gateway_ledger_state_only", default=False)
 
 
 @attrs.frozen
@@ -60,12 +62,15 @@ class SealedEvent:
     """One event type's personal fields (``a`` or ``a.b`` for an attrs value's field).
 
     ``subject_from`` names the field that holds the session key on an aggregate's first
-    event; later events of the aggregate inherit its subject.
+    event; later events of the aggregate inherit its subject. ``state_free``: the
+    aggregate keeps none of these fields in its state (a transcript message), so loading
+    the aggregate need not decrypt them (see ``PrivateMapper.state_only``).
     """
 
     event: type
     fields: tuple[str, ...]
     subject_from: str | None = None
+    state_free: bool = False
 
     @property
     def topic(self) -> str:
@@ -256,6 +261,21 @@ class PrivateMapper(Mapper[UUID]):
 
     # -- reading ----------------------------------------------------------------------------
 
+    @staticmethod
+    @contextlib.contextmanager
+    def state_only() -> Iterator[None]:
+        """Within: events declared ``state_free`` keep their placeholders (not decrypted).
+
+        For rebuilding an aggregate, which never reads those fields: a session's load
+        then costs no decryption per transcript message. Readers of the fields (history,
+        exports) read outside this context and get them opened.
+        """
+        token = _STATE_ONLY.set(True)
+        try:
+            yield
+        finally:
+            _STATE_ONLY.reset(token)
+
     def to_domain_event(self, stored_event: StoredEvent) -> Any:
         cls = resolve_topic(stored_event.topic)
         try:
@@ -268,6 +288,11 @@ class PrivateMapper(Mapper[UUID]):
             )
             raise MapperDeserialisationError(msg) from e
         envelope = event_state.pop(SEALED, None)
+        if envelope is not None and _STATE_ONLY.get():
+            spec = self.policy.by_topic.get(stored_event.topic)
+            if spec is not None and spec.state_free:
+                self._remember(str(stored_event.originator_id), envelope["s"])
+                envelope = None
         if envelope is not None:
             target = event_state["state"] if issubclass(cls, Snapshot) else event_state
             self._open(envelope, target, stored_event)
