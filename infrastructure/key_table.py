@@ -213,17 +213,21 @@ class PostgresKeyTable:
             conn = psycopg.connect(**self.connect_kwargs, autocommit=True, connect_timeout=10)
             conn.execute("SET synchronous_commit TO OFF")
             sql = self.sql
-            conn.execute(
-                sql.SQL(
-                    "CREATE TABLE IF NOT EXISTS {} (key_id TEXT PRIMARY KEY, subject_id TEXT "
-                    "NOT NULL UNIQUE, wrapped BYTEA NOT NULL, created_at TEXT NOT NULL)"
-                ).format(self.keys)
-            )
-            conn.execute(
-                sql.SQL(
-                    "CREATE TABLE IF NOT EXISTS {} (name TEXT PRIMARY KEY, value TEXT NOT NULL)"
-                ).format(self.meta)
-            )
+            # Two processes opening a new store at once would race in the catalog ("tuple
+            # concurrently updated"): serialise the creation on a transaction-level lock.
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(hashtext('gateway_ledger_keys'))")
+                conn.execute(
+                    sql.SQL(
+                        "CREATE TABLE IF NOT EXISTS {} (key_id TEXT PRIMARY KEY, subject_id "
+                        "TEXT NOT NULL UNIQUE, wrapped BYTEA NOT NULL, created_at TEXT NOT NULL)"
+                    ).format(self.keys)
+                )
+                conn.execute(
+                    sql.SQL(
+                        "CREATE TABLE IF NOT EXISTS {} (name TEXT PRIMARY KEY, value TEXT NOT NULL)"
+                    ).format(self.meta)
+                )
             self._conn = conn
         return self._conn
 
