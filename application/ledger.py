@@ -8,7 +8,8 @@ aggregate's next version; a writer that lost the race gets ConcurrentUpdate.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -22,6 +23,7 @@ from gateway_ledger.application.privacy import (
     forget_in_ledger,
     is_erased,
 )
+from gateway_ledger.application.recovery import LivenessPolicy, SweepResult, sweep_recoverable
 from gateway_ledger.application.views import HistoryEntry, ObligationStatus
 from gateway_ledger.domain.errors import ConcurrentUpdate, InvalidInput, NotFound
 from gateway_ledger.domain.obligation import DeliveryObligation, obligation_uuid
@@ -38,6 +40,7 @@ from gateway_ledger.infrastructure.private_mapper import ENCRYPT_ENV, PrivateEve
 from gateway_ledger.infrastructure.process_identity import current_owner
 from gateway_ledger.infrastructure.store import store_environment
 from gateway_ledger.infrastructure.transcoder import AttrsTranscoding, OrjsonTranscoder
+from gateway_ledger.projections.recoverable import RecoverableObligations
 
 log = logging.getLogger("gateway_ledger.ledger")
 
@@ -52,6 +55,14 @@ def build_transcoder() -> Transcoder:
     for cls in VALUE_OBJECTS:
         transcoder.register(AttrsTranscoding(cls))
     return transcoder
+
+
+def _media_item(value: object) -> MediaItem:
+    if isinstance(value, MediaItem):
+        return value
+    if isinstance(value, Mapping):
+        return MediaItem(**value)
+    raise InvalidInput(f"a media item must be a MediaItem or a mapping, not {type(value).__name__}")
 
 
 class DeliveryLedger(PrivateEvents, Application[UUID]):
@@ -81,6 +92,8 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
         self.policy = policy or LedgerPolicy()
         self.clock = clock
         self.location = str(self.env.get("SQLITE_DBNAME") or self.env.get("POSTGRES_DBNAME") or "")
+        self.last_sweep: SweepResult | None = None
+        self._recoverable: RecoverableObligations | None = None
 
     @classmethod
     def open(
@@ -155,11 +168,13 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
         parts: Sequence[str] = (),
     ) -> DeliveryObligation:
         """Build (not save) a Recorded obligation owned by this process; validates all input."""
+        if isinstance(media, str | bytes | Mapping) or not isinstance(media, Iterable):
+            raise InvalidInput(f"media must be a list of media items, not {type(media).__name__}")
         try:
             target = DeliveryTarget(
                 platform=platform, chat_id=chat_id, thread_id=thread_id, reply_to=reply_to
             )
-            items = [m if isinstance(m, MediaItem) else MediaItem(**m) for m in media]
+            items = [_media_item(m) for m in media]
         except TypeError as e:
             raise InvalidInput(str(e)) from None
         return DeliveryObligation.record(
@@ -180,12 +195,15 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
         self._save(obligation, "attempting")
 
     def mark_delivered(
-        self, obligation_id: str, receipt: Sequence[str] | str | None = None
+        self, obligation_id: str, receipt: Sequence[str | int] | str | int | None = None
     ) -> None:
-        if isinstance(receipt, str):
-            receipt = [receipt]
+        ids: Any = receipt
+        if receipt is None:
+            ids = []
+        elif isinstance(receipt, str | int) and not isinstance(receipt, bool):
+            ids = [receipt]  # one message id
         obligation = self._load(obligation_id)
-        obligation.confirm_delivery(by=self.owner, now=self.clock(), receipt=receipt or ())
+        obligation.confirm_delivery(by=self.owner, now=self.clock(), receipt=ids)
         self._save(obligation, "delivered")
 
     def mark_failed(
@@ -222,6 +240,32 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
         obligation = self._load(obligation_id)
         obligation.abandon(reason=abandon_reason, now=self.clock(), by=self.owner, detail=detail)
         self._save(obligation, f"abandoned ({abandon_reason.value})")
+
+    # -- recovery (application/recovery.py, ADR 0007) ------------------------------------------
+
+    @property
+    def recoverable(self) -> RecoverableObligations:
+        """The index of unresolved obligations; resumes from its tracked position."""
+        if self._recoverable is None:
+            self._recoverable = RecoverableObligations(self)
+        return self._recoverable
+
+    def sweep_recoverable(
+        self,
+        now: datetime | None = None,
+        *,
+        deliverable_platforms: Collection[str] | None = None,
+        liveness: LivenessPolicy | None = None,
+    ) -> list[dict[str, Any]]:
+        """Claim what dead owners left unresolved; returns only what this call won.
+
+        Counters of the sweep are in ``last_sweep``. ``deliverable_platforms=None`` means
+        every platform is connected; ``liveness`` replaces the local /proc judgement.
+        """
+        self.last_sweep, won = sweep_recoverable(
+            self, now, deliverable_platforms=deliverable_platforms, liveness=liveness
+        )
+        return won
 
     def forget_session(
         self, session_key: str, *, requested_by: str = "", sessions: Any = None

@@ -8,6 +8,7 @@ re-run every time the aggregate is reloaded from its events.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -27,6 +28,7 @@ from gateway_ledger.domain.values import (
     ObligationState,
     OwnerIdentity,
     cut_error,
+    receipt_ids,
     require_aware,
     require_json_like,
     require_text,
@@ -113,13 +115,19 @@ class DeliveryObligation(Aggregate):
         if not isinstance(owner, OwnerIdentity):
             raise InvalidInput("owner must be an OwnerIdentity")
         require_aware("now", now)
+        if isinstance(parts, str | bytes) or not isinstance(parts, Sequence):
+            raise InvalidInput(f"parts must be a sequence of str, not {type(parts).__name__}")
         part_list = [require_text(f"parts[{i}]", p, allow_empty=True) for i, p in enumerate(parts)]
         if part_list and "".join(part_list) != content:
             raise InvalidInput("parts must be the content split in order, nothing added or lost")
+        if isinstance(media, str | bytes | Mapping) or not isinstance(media, Iterable):
+            raise InvalidInput(f"media must be a list of MediaItem, not {type(media).__name__}")
         media_list = list(media)
         for item in media_list:
             if not isinstance(item, MediaItem):
                 raise InvalidInput("media must hold MediaItem values")
+        if metadata is not None and not isinstance(metadata, Mapping):
+            raise InvalidInput(f"metadata must be a mapping, not {type(metadata).__name__}")
         meta = dict(metadata or {})
         require_json_like("metadata", meta)
         return cls(
@@ -224,11 +232,11 @@ class DeliveryObligation(Aggregate):
         self.last_transition_at = timestamp
 
     def confirm_delivery(
-        self, *, by: OwnerIdentity, now: datetime, receipt: Sequence[str] = ()
+        self, *, by: OwnerIdentity, now: datetime, receipt: Sequence[str | int] = ()
     ) -> None:
         require_aware("now", now)
         self._require_state("delivered", ObligationState.ATTEMPTING, ObligationState.CLAIMED)
-        ids = [require_text("receipt id", str(r)) for r in receipt]
+        ids = receipt_ids(receipt)
         self._delivered(by=by, receipt=ids, fence=self.fence, timestamp=now)
 
     @event("Delivered")
@@ -240,7 +248,7 @@ class DeliveryObligation(Aggregate):
         self.last_transition_at = timestamp
 
     def acknowledge_part(
-        self, *, by: OwnerIdentity, now: datetime, index: int, receipt: Sequence[str] = ()
+        self, *, by: OwnerIdentity, now: datetime, index: int, receipt: Sequence[str | int] = ()
     ) -> None:
         """One part of a multi-part reply was confirmed: recovery re-sends only the others."""
         require_aware("now", now)
@@ -253,7 +261,7 @@ class DeliveryObligation(Aggregate):
             raise InvalidInput(f"part index {index} is outside 0..{self.part_count - 1}")
         if self.part_delivered(index):
             raise self._refuse(f"part {index} delivered", "that part is already confirmed")
-        ids = [require_text("receipt id", str(r)) for r in receipt]
+        ids = receipt_ids(receipt)
         self._part_delivered(by=by, index=index, receipt=ids, fence=self.fence, timestamp=now)
 
     @event("PartDelivered")
@@ -276,12 +284,18 @@ class DeliveryObligation(Aggregate):
         self._require_state("failed", ObligationState.ATTEMPTING, ObligationState.CLAIMED)
         if not isinstance(error, str):
             raise InvalidInput("error must be a str")
-        classification = ErrorClass(classification)
+        try:
+            classification = ErrorClass(classification)
+        except ValueError:
+            raise InvalidInput(f"unknown error classification {classification!r}") from None
         if retry_after is not None and (
-            not isinstance(retry_after, int | float) or retry_after < 0
+            not isinstance(retry_after, int | float)
+            or isinstance(retry_after, bool)
+            or not math.isfinite(retry_after)
+            or retry_after < 0
         ):
-            raise InvalidInput("retry_after must be a non-negative number of seconds")
-        text = cut_error(error.encode("utf-8", "replace").decode("utf-8"))
+            raise InvalidInput("retry_after must be a finite, non-negative number of seconds")
+        text = cut_error(error)
         self._failed(
             by=by,
             error=text,
@@ -356,7 +370,10 @@ class DeliveryObligation(Aggregate):
         detail: str = "",
     ) -> None:
         require_aware("now", now)
-        reason = AbandonReason(reason)
+        try:
+            reason = AbandonReason(reason)
+        except ValueError:
+            raise InvalidInput(f"unknown abandon reason {reason!r}") from None
         self._require_state(f"abandoned ({reason.value})", *UNRESOLVED_STATES)
         if not isinstance(detail, str):
             raise InvalidInput("detail must be a str")

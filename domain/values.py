@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
@@ -97,8 +98,9 @@ def require_json_like(name: str, value: object, _depth: int = 0) -> Any:
         raise InvalidInput(f"{name} is nested too deeply")
     if isinstance(value, str):
         return require_text(name, value, allow_empty=True)
-    if isinstance(value, float) and value != value:  # NaN has no JSON spelling
-        raise InvalidInput(f"{name} holds NaN, which JSON cannot carry")
+    if isinstance(value, float) and not math.isfinite(value):
+        # JSON has no spelling for NaN or infinity; orjson would store null in their place.
+        raise InvalidInput(f"{name} holds {value!r}, which JSON cannot carry")
     if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
         raise InvalidInput(f"{name} holds an integer outside the 64-bit range")
     if isinstance(value, _JSON_SCALARS):
@@ -209,4 +211,18 @@ class LedgerPolicy:
 
 
 def cut_error(text: str) -> str:
-    return text[:ERROR_TEXT_LIMIT]
+    """Diagnostic text is kept, never refused (a ledger fault must not lose a failure):
+    lone surrogates become ``?`` so it can be stored, then it is cut like upstream's."""
+    return text.encode("utf-8", "replace").decode("utf-8")[:ERROR_TEXT_LIMIT]
+
+
+def receipt_ids(receipt: object) -> list[str]:
+    """Platform message ids as text; a platform hands out ints or strs, nothing else."""
+    if isinstance(receipt, str | bytes) or not isinstance(receipt, list | tuple):
+        raise InvalidInput(f"receipt must be a list of message ids, not {type(receipt).__name__}")
+    ids = []
+    for i, item in enumerate(receipt):
+        if isinstance(item, bool) or not isinstance(item, str | int):
+            raise InvalidInput(f"receipt[{i}] must be a str or int, not {type(item).__name__}")
+        ids.append(require_text(f"receipt[{i}]", _id_text(item)))
+    return ids

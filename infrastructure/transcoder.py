@@ -63,7 +63,13 @@ class OrjsonTranscoder(Transcoder):
         self.names[transcoding.name] = transcoding
 
     def encode(self, obj: Any) -> bytes:
-        return orjson.dumps(obj, default=self._encode_obj, option=_OPTIONS)
+        try:
+            return orjson.dumps(obj, default=self._encode_obj, option=_OPTIONS)
+        except orjson.JSONEncodeError as e:
+            # orjson wraps what ``default`` raises; give callers the library's own error.
+            if isinstance(e.__cause__, TranscodingNotRegisteredError):
+                raise e.__cause__ from None
+            raise
 
     def decode(self, data: bytes) -> Any:
         obj = orjson.loads(data)
@@ -82,22 +88,31 @@ class OrjsonTranscoder(Transcoder):
         return {_TYPE: transcoding.name, _DATA: transcoding.encode(o)}
 
     def _walk(self, obj: Any) -> Any:
-        if isinstance(obj, dict):
+        """Replace tagged dicts, bottom-up, in place; ``type() is`` keeps the hot loop cheap."""
+        if type(obj) is dict:
             if len(obj) == 2 and _TYPE in obj and _DATA in obj:
-                try:
-                    transcoding = self.names[obj[_TYPE]]
-                except KeyError:
-                    raise TranscodingNotRegisteredError(
-                        f"Data serialized with name {obj[_TYPE]!r} is not deserializable. "
-                        "Please register a custom transcoding for this type."
-                    ) from None
-                return transcoding.decode(self._walk(obj[_DATA]))
+                return self._untag(obj)
             for key, value in obj.items():
-                if isinstance(value, dict | list):
+                kind = type(value)
+                if kind is dict or kind is list:
                     obj[key] = self._walk(value)
-            return obj
-        if isinstance(obj, list):
+        elif type(obj) is list:
             for i, value in enumerate(obj):
-                if isinstance(value, dict | list):
+                kind = type(value)
+                if kind is dict or kind is list:
                     obj[i] = self._walk(value)
         return obj
+
+    def _untag(self, tagged: dict[str, Any]) -> Any:
+        try:
+            transcoding = self.names[tagged[_TYPE]]
+        except (KeyError, TypeError):
+            raise TranscodingNotRegisteredError(
+                f"Data serialized with name {tagged[_TYPE]!r} is not deserializable. "
+                "Please register a custom transcoding for this type."
+            ) from None
+        data = tagged[_DATA]
+        kind = type(data)
+        if kind is dict or kind is list:
+            data = self._walk(data)
+        return transcoding.decode(data)

@@ -123,12 +123,24 @@ class Simulation:
     def _done(self, index: int) -> bool:
         return (self.run_dir / f"done-{index}").exists()
 
+    def _started_for(self, index: int) -> float:
+        """Seconds on the monotonic clock since worker INDEX began delivering (inf if not yet)."""
+        marker = self.run_dir / f"started-{index}"
+        try:
+            age = time.time() - marker.stat().st_mtime
+        except FileNotFoundError:
+            return float("inf")
+        return time.monotonic() - age
+
     def run(self) -> Report:
         started = time.monotonic()
         workers = {i: self._spawn("worker", i) for i in range(self.config.workers)}
         sweepers: list[subprocess.Popen[bytes]] = []
         kills_left = self.config.kills
-        next_kill = time.monotonic() + self.rng.uniform(0.4, 1.2)
+        # Kills are timed from the moment a worker is really delivering (its started-INDEX
+        # marker), not from the driver's start: a slow interpreter start-up on a loaded
+        # machine must not let every worker finish before the first kill.
+        kill_delay = self.rng.uniform(0.05, 0.4)
         while True:
             for i, proc in list(workers.items()):
                 code = proc.poll()
@@ -136,11 +148,17 @@ class Simulation:
                     raise RuntimeError(f"simulated worker {i} failed with exit code {code}")
             if all(self._done(i) for i in workers):
                 break
-            live = [i for i, p in workers.items() if p.poll() is None]
-            if kills_left and live and time.monotonic() >= next_kill:
+            now = time.monotonic()
+            live = [
+                i
+                for i, p in workers.items()
+                if p.poll() is None and self._started_for(i) + kill_delay <= now
+            ]
+            if kills_left and live:
                 victim = self.rng.choice(live)
                 os.kill(workers[victim].pid, signal.SIGKILL)
                 workers[victim].wait()  # reaped: a zombie's /proc entry would look alive
+                (self.run_dir / f"started-{victim}").unlink(missing_ok=True)
                 self.report.kills += 1
                 kills_left -= 1
                 # The replacement and a sweeper start together: two gateways sweep at once.
@@ -148,7 +166,7 @@ class Simulation:
                 sweepers.append(self._spawn("sweeper", 100 + self.report.kills))
                 self.report.restarts += 1
                 self.report.sweeper_runs += 1
-                next_kill = time.monotonic() + self.rng.uniform(0.3, 1.0)
+                kill_delay = self.rng.uniform(0.1, 0.6)
             self._show(started)
             time.sleep(0.05)
         self._reap(list(workers.values()) + sweepers)  # an exiting owner still looks alive

@@ -74,6 +74,7 @@ async def main_async(spec: dict[str, Any], role: str, index: int) -> int:
     adapters = build_adapters(spec, f"{role}-{index}-{os.getpid()}")
     await gateway.start(adapters)
     if role == "worker":
+        (Path(spec["run_dir"]) / f"started-{index}").touch()
         by_conversation: dict[int, list[Turn]] = defaultdict(list)
         for raw in spec["turns"]:
             turn = Turn.from_dict(raw)

@@ -1,0 +1,344 @@
+"""The recovery sweep: take over the replies whose owner died before they were confirmed.
+
+The view (:mod:`gateway_ledger.projections.recoverable`) only names candidates. For each
+one, in the upstream order, the sweep skips live owners without touching the aggregate,
+then reloads the aggregate and lets *it* decide: abandon (too many recovery claims, or
+stale), leave it (platform offline: nothing spent), or claim it. The claim is appended at
+the aggregate's next version; when two sweepers race, the event store's unique
+(aggregate, version) key lets exactly one win and the other gets ``IntegrityError``,
+which here means "someone else has it": skipped quietly and counted. No other lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Callable, Collection
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+import attrs
+from eventsourcing.persistence import IntegrityError, PersistenceError
+
+from gateway_ledger.domain.errors import LedgerError, NotFound
+from gateway_ledger.domain.obligation import DeliveryObligation
+from gateway_ledger.domain.values import AbandonReason, OwnerIdentity, require_aware
+from gateway_ledger.infrastructure.bulk_events import load_aggregates
+from gateway_ledger.infrastructure.process_identity import is_alive_locally
+from gateway_ledger.projections.recoverable import RecoverableEntry
+
+if TYPE_CHECKING:
+    from gateway_ledger.application.ledger import DeliveryLedger
+
+log = logging.getLogger("gateway_ledger.recovery")
+
+LivenessPolicy = Callable[[OwnerIdentity], bool]
+"""Answers "may this owner still be working on it?"; True keeps the sweep's hands off.
+
+The seam for the multi-host issue: a lease-based policy replaces :class:`LocalLiveness`
+for owners on other hosts.
+"""
+
+
+@attrs.frozen
+class LocalLiveness:
+    """Liveness as one host can judge it: /proc for local owners, alive for the rest.
+
+    An owner on another host cannot be judged from here; until leases exist it is taken
+    as alive, so a sweep never steals work from a gateway it cannot see.
+    """
+
+    host: str = attrs.field(factory=socket.gethostname)
+
+    def __call__(self, owner: OwnerIdentity) -> bool:
+        if owner.host != self.host:
+            return True
+        return is_alive_locally(owner)
+
+
+@attrs.frozen
+class SweepResult:
+    """What one sweep did, in counts (ids go to the log, bodies nowhere)."""
+
+    claimed: int = 0
+    lost_races: int = 0
+    abandoned: dict[str, int] = attrs.field(factory=dict)
+    skipped_offline: int = 0
+    skipped_alive: int = 0
+    skipped_own: int = 0
+    resolved_meanwhile: int = 0
+    errors: int = 0
+    candidates: int = 0
+    view_events_applied: int = 0
+    elapsed_ms: float = 0.0
+
+    @property
+    def abandoned_total(self) -> int:
+        return sum(self.abandoned.values())
+
+
+@attrs.define
+class _Tally:
+    claimed: int = 0
+    lost_races: int = 0
+    abandoned: dict[str, int] = attrs.field(factory=dict)
+    skipped_offline: int = 0
+    skipped_alive: int = 0
+    skipped_own: int = 0
+    resolved_meanwhile: int = 0
+    errors: int = 0
+
+    def result(self, candidates: int, applied: int, started: float) -> SweepResult:
+        return SweepResult(
+            claimed=self.claimed,
+            lost_races=self.lost_races,
+            abandoned=dict(self.abandoned),
+            skipped_offline=self.skipped_offline,
+            skipped_alive=self.skipped_alive,
+            skipped_own=self.skipped_own,
+            resolved_meanwhile=self.resolved_meanwhile,
+            errors=self.errors,
+            candidates=candidates,
+            view_events_applied=applied,
+            elapsed_ms=(time.perf_counter() - started) * 1000,
+        )
+
+
+def redelivery(obligation: DeliveryObligation, needs_marker: bool) -> dict[str, Any]:
+    """What the gateway needs to send it again: the upstream keys, plus what upstream lost."""
+    target = obligation.target
+    item: dict[str, Any] = {
+        "obligation_id": obligation.obligation_id,
+        "session_key": obligation.session_key,
+        "platform": target.platform,
+        "chat_id": target.chat_id,
+        "thread_id": target.thread_id,
+        "content": obligation.content,
+        "needs_marker": needs_marker,
+        "attempts": obligation.recovery_attempts,
+        "reply_to": target.reply_to,
+        "media": [attrs.asdict(m) for m in obligation.media],
+        "metadata": dict(obligation.metadata),
+    }
+    if obligation.parts:
+        item["parts"] = list(obligation.parts)
+    return item
+
+
+@attrs.frozen
+class _Decision:
+    """An aggregate the sweep changed in memory (claimed or abandoned), not yet saved."""
+
+    obligation: DeliveryObligation
+    seen_owner: OwnerIdentity
+    needs_marker: bool
+    abandon_reason: AbandonReason | None = None
+
+
+_MISSING: Any = object()
+
+MAX_BATCH = 64
+"""Decisions saved together in one transaction: the commit is the dominant cost."""
+
+
+class RecoverySweep:
+    """One sweep by one ledger; build it per call (it caches liveness answers).
+
+    Decisions are saved in batches, one transaction each (all or nothing). A batch that
+    hits ``IntegrityError`` (someone else appended to one of its aggregates) is redone
+    one obligation at a time, each reloaded and judged again, and the batch size halves,
+    so a contended sweep degrades to single claims and an uncontended one commits rarely.
+    """
+
+    def __init__(
+        self,
+        ledger: DeliveryLedger,
+        now: datetime,
+        deliverable_platforms: Collection[str] | None,
+        liveness: LivenessPolicy,
+        batch_size: int = MAX_BATCH,
+    ) -> None:
+        self.ledger = ledger
+        self.now = now
+        self.platforms = None if deliverable_platforms is None else set(deliverable_platforms)
+        self.liveness = liveness
+        self.me = ledger.owner
+        self.tally = _Tally()
+        self.batch_size = max(1, batch_size)
+        self.won: list[dict[str, Any]] = []
+        self._alive: dict[OwnerIdentity, bool] = {}
+
+    def is_alive(self, owner: OwnerIdentity) -> bool:
+        alive = self._alive.get(owner)
+        if alive is None:
+            alive = self._alive[owner] = bool(self.liveness(owner))
+        return alive
+
+    def run(self) -> tuple[SweepResult, list[dict[str, Any]]]:
+        started = time.perf_counter()
+        view = self.ledger.recoverable
+        applied = view.catch_up()
+        entries = view.entries()
+        orphaned = []
+        for entry in entries:
+            if entry.owner == self.me:
+                self.tally.skipped_own += 1
+            elif self.is_alive(entry.owner):
+                self.tally.skipped_alive += 1
+            else:
+                orphaned.append(entry)
+        position = 0
+        while position < len(orphaned):
+            chunk = orphaned[position : position + self.batch_size]
+            position += len(chunk)
+            loaded = self.guarded(self.load, "(batch)", chunk)
+            batch = []
+            for entry in chunk:
+                # If the batched read failed, each one is read on its own instead.
+                found = None if loaded is None else loaded.get(UUID(entry.aggregate_id), _MISSING)
+                decision = self.guarded(self.decide, entry.obligation_id, entry.owner, found)
+                if decision is not None:
+                    batch.append(decision)
+            self.commit(batch)
+        if self.won or self.tally.abandoned:
+            try:
+                applied += view.catch_up()  # reflect our own claims; repairable if it fails
+            except PersistenceError as e:
+                log.warning("sweep: view catch-up after claims failed (repaired later): %s", e)
+        return self.tally.result(len(entries), applied, started), self.won
+
+    def load(self, _: str, chunk: list[RecoverableEntry]) -> dict[UUID, DeliveryObligation]:
+        """The chunk's aggregates, current as of now, read in one query."""
+        return load_aggregates(self.ledger, [UUID(e.aggregate_id) for e in chunk])
+
+    def guarded(self, step: Callable[..., Any], obligation_id: str, *args: Any) -> Any:
+        """One obligation's trouble is logged and counted; what was won is still returned."""
+        try:
+            return step(obligation_id, *args)
+        except (PersistenceError, LedgerError) as e:
+            self.tally.errors += 1
+            log.warning("sweep: obligation %s skipped: %s", obligation_id, e)
+            return None
+
+    def decide(
+        self, obligation_id: str, seen_owner: OwnerIdentity, loaded: Any = None
+    ) -> _Decision | None:
+        """Let the (re)loaded aggregate decide; the view row may be out of date."""
+        tally = self.tally
+        try:
+            obligation = self.ledger._load(obligation_id) if loaded is None else loaded
+        except NotFound:
+            obligation = _MISSING
+        if obligation is _MISSING:
+            tally.resolved_meanwhile += 1
+            return None
+        if obligation.is_resolved:
+            tally.resolved_meanwhile += 1
+            return None
+        if obligation.owner != seen_owner:
+            if obligation.owner == self.me:
+                tally.skipped_own += 1
+                return None
+            if self.is_alive(obligation.owner):
+                tally.lost_races += 1  # another sweeper claimed it since the view was read
+                return None
+        policy = self.ledger.policy
+        reason = None
+        if obligation.recovery_attempts >= policy.max_attempts:
+            reason = AbandonReason.MAX_ATTEMPTS
+        elif policy.is_stale(obligation.recorded_at, self.now):
+            reason = AbandonReason.STALE
+        elif self.platforms is not None and obligation.platform not in self.platforms:
+            tally.skipped_offline += 1
+            return None
+        needs_marker = obligation.needs_marker
+        owner_before = obligation.owner
+        if reason is None:
+            obligation.claim(by=self.me, now=self.now, policy=policy)
+        else:
+            obligation.abandon(
+                reason=reason,
+                now=self.now,
+                by=self.me,
+                detail=f"recovery sweep: {obligation.recovery_attempts} recovery claims",
+            )
+        return _Decision(obligation, owner_before, needs_marker, reason)
+
+    def commit(self, batch: list[_Decision]) -> None:
+        if not batch:
+            return
+        try:
+            self.ledger.save(*(d.obligation for d in batch))
+        except (IntegrityError, PersistenceError) as e:
+            if len(batch) == 1 and isinstance(e, IntegrityError):
+                self.tally.lost_races += 1
+                log.debug(
+                    "sweep: %s taken by a concurrent sweeper", batch[0].obligation.obligation_id
+                )
+                return
+            self.batch_size = max(1, self.batch_size // 2)
+            log.debug("sweep: batch of %d refused (%s); redoing one by one", len(batch), e)
+            for d in batch:
+                self.guarded(self.redo, d.obligation.obligation_id, d.seen_owner)
+            return
+        for d in batch:
+            self.done(d)
+
+    def redo(self, obligation_id: str, seen_owner: OwnerIdentity) -> None:
+        decision = self.decide(obligation_id, seen_owner)
+        if decision is None:
+            return
+        try:
+            self.ledger.save(decision.obligation)
+        except IntegrityError:
+            self.tally.lost_races += 1
+            log.debug("sweep: %s taken by a concurrent sweeper", obligation_id)
+            return
+        self.done(decision)
+
+    def done(self, d: _Decision) -> None:
+        obligation = d.obligation
+        if d.abandon_reason is not None:
+            reason = d.abandon_reason.value
+            self.tally.abandoned[reason] = self.tally.abandoned.get(reason, 0) + 1
+            log.info("sweep: abandoned %s (%s)", obligation.obligation_id, reason)
+            return
+        self.tally.claimed += 1
+        log.debug(
+            "sweep: claimed %s attempt=%d needs_marker=%s",
+            obligation.obligation_id,
+            obligation.recovery_attempts,
+            d.needs_marker,
+        )
+        self.won.append(redelivery(obligation, d.needs_marker))
+
+
+def sweep_recoverable(
+    ledger: DeliveryLedger,
+    now: datetime | None = None,
+    *,
+    deliverable_platforms: Collection[str] | None = None,
+    liveness: LivenessPolicy | None = None,
+) -> tuple[SweepResult, list[dict[str, Any]]]:
+    """Run one sweep; returns its counters and the obligations this call won."""
+    moment = require_aware("now", now if now is not None else ledger.clock())
+    sweep = RecoverySweep(ledger, moment, deliverable_platforms, liveness or LocalLiveness())
+    result, won = sweep.run()
+    log.info(
+        "sweep: %d candidates, claimed %d, lost races %d, abandoned %s, skipped offline %d, "
+        "alive %d, own %d, resolved meanwhile %d, errors %d, view +%d events, %.1f ms",
+        result.candidates,
+        result.claimed,
+        result.lost_races,
+        result.abandoned or "{}",
+        result.skipped_offline,
+        result.skipped_alive,
+        result.skipped_own,
+        result.resolved_meanwhile,
+        result.errors,
+        result.view_events_applied,
+        result.elapsed_ms,
+    )
+    return result, won

@@ -1,0 +1,74 @@
+"""Load many aggregates with one query instead of one query each.
+
+The library's repository reads one aggregate per call, and on SQLite each call opens and
+rolls back its own transaction (about 0.2 ms of fixed cost). A sweep that reloads a
+hundred candidates pays that a hundred times; this reads their events in one statement
+from the recorder's own table, decodes them with the application's mapper and replays
+them with each event's own ``mutate``, exactly as the repository does. Tied to the
+eventsourcing 9.5 table layout (originator_id, originator_version, topic, state).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+from uuid import UUID
+
+from eventsourcing.application import Application
+from eventsourcing.persistence import StoredEvent
+
+from gateway_ledger.infrastructure.sql_dialect import PostgresDialect, dialect_for
+
+MAX_IDS_PER_QUERY = 500
+
+
+def select_stored_events(
+    app: Application[Any], ids: Sequence[UUID]
+) -> dict[UUID, list[StoredEvent]]:
+    """Every stored event of the given aggregates, in version order, keyed by id."""
+    recorder: Any = app.recorder
+    dialect = dialect_for(recorder)
+    table = dialect.table(recorder.events_table_name)
+    found: dict[UUID, list[StoredEvent]] = {}
+    postgres = isinstance(dialect, PostgresDialect)
+    for start in range(0, len(ids), MAX_IDS_PER_QUERY):
+        chunk = list(ids[start : start + MAX_IDS_PER_QUERY])
+        params: list[Any]
+        if postgres:
+            where, params = "originator_id = ANY(%s)", [chunk]
+        else:
+            where = f"originator_id IN ({', '.join('?' * len(chunk))})"
+            params = [i.hex for i in chunk]
+        with dialect.read_cursor() as c:
+            c.execute(
+                f"SELECT originator_id, originator_version, topic, state FROM {table} "
+                f"WHERE {where} ORDER BY originator_id, originator_version",
+                params,
+            )
+            rows = c.fetchall()
+        for row in rows:
+            raw = row["originator_id"]
+            originator_id = raw if isinstance(raw, UUID) else UUID(raw)
+            found.setdefault(originator_id, []).append(
+                StoredEvent(
+                    originator_id=originator_id,
+                    originator_version=row["originator_version"],
+                    topic=row["topic"],
+                    state=bytes(row["state"]),
+                )
+            )
+    return found
+
+
+def load_aggregates(app: Application[Any], ids: Sequence[UUID]) -> dict[UUID, Any]:
+    """The current state of each aggregate that exists, rebuilt from all its events."""
+    mapper = app.mapper
+    aggregates: dict[UUID, Any] = {}
+    for originator_id, stored in select_stored_events(app, ids).items():
+        aggregate = None
+        for s in stored:
+            event: Any = mapper.to_domain_event(s)
+            aggregate = event.mutate(aggregate)
+        if aggregate is not None:
+            aggregates[originator_id] = aggregate
+    return aggregates

@@ -1,0 +1,121 @@
+"""The small difference between SQLite and PostgreSQL that projections must bridge.
+
+Projections write their SQL once, with ``?`` placeholders and bare table names; a
+:class:`SqlDialect` qualifies the names (PostgreSQL keeps our tables in the URL's schema),
+swaps the placeholders, and opens a write transaction that serialises with every other
+writer of the same rows: ``BEGIN IMMEDIATE`` on SQLite (a deferred ``BEGIN`` would fail
+with "database is locked" instead of waiting), a row lock (``FOR UPDATE``) on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+from eventsourcing.persistence import IntegrityError, OperationalError, PersistenceError
+
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+
+
+class Cursor(Protocol):
+    def execute(self, sql: Any, params: Any = ...) -> Any: ...
+    def executemany(self, sql: Any, params: Any) -> Any: ...
+    def fetchone(self) -> Any: ...
+    def fetchall(self) -> Any: ...
+
+
+def check_identifier(name: str) -> str:
+    if not _IDENTIFIER.match(name):
+        raise ValueError(f"not a plain SQL identifier: {name!r}")
+    return name
+
+
+class SqlDialect:
+    """Base: what both stores share. Use :func:`dialect_for` to get the right one."""
+
+    name = "sql"
+    for_update = ""
+
+    def __init__(self, datastore: Any) -> None:
+        self.datastore = datastore
+
+    def table(self, name: str) -> str:
+        return check_identifier(name)
+
+    def sql(self, text: str) -> str:
+        """SQL written with ``?`` placeholders, in this store's placeholder style."""
+        return text
+
+    @contextmanager
+    def write_transaction(self) -> Iterator[Cursor]:
+        raise NotImplementedError
+
+    @contextmanager
+    def read_cursor(self) -> Iterator[Cursor]:
+        with self.datastore.transaction(commit=False) as cursor:
+            yield cursor
+
+
+class SQLiteDialect(SqlDialect):
+    name = "sqlite"
+
+    @contextmanager
+    def write_transaction(self) -> Iterator[Cursor]:
+        import sqlite3
+
+        with self.datastore.get_connection(commit=True) as conn:
+            cursor = conn.cursor()
+            try:
+                cursor.execute("BEGIN IMMEDIATE")
+                yield cursor
+            except BaseException:
+                conn.rollback()
+                raise
+            else:
+                try:
+                    conn.commit()
+                except sqlite3.IntegrityError as e:
+                    raise IntegrityError(e) from e
+                except sqlite3.OperationalError as e:
+                    raise OperationalError(e) from e
+                except sqlite3.Error as e:
+                    raise PersistenceError(e) from e
+            finally:
+                cursor.sqlite_cursor.close()
+
+
+class PostgresDialect(SqlDialect):
+    name = "postgres"
+    for_update = " FOR UPDATE"
+
+    def table(self, name: str) -> str:
+        schema = check_identifier(self.datastore.schema)
+        return f'"{schema}"."{check_identifier(name)}"'
+
+    def sql(self, text: str) -> str:
+        return text.replace("?", "%s")
+
+    @contextmanager
+    def write_transaction(self) -> Iterator[Cursor]:
+        # Pipeline mode: a projection's many small statements go out without waiting for
+        # a round trip each; reads (fetchone) still sync where they must.
+        with (
+            self.datastore.get_connection() as conn,
+            conn.pipeline(),
+            conn.transaction(),
+            conn.cursor() as cursor,
+        ):
+            yield cursor
+
+
+def dialect_for(recorder: Any) -> SqlDialect:
+    """The dialect of an eventsourcing recorder's datastore (SQLite or PostgreSQL)."""
+    datastore = recorder.datastore
+    kind = type(datastore).__module__
+    if kind.endswith(".sqlite"):
+        return SQLiteDialect(datastore)
+    if kind.endswith(".postgres"):
+        return PostgresDialect(datastore)
+    raise TypeError(f"no SQL dialect for datastore {type(datastore).__qualname__}")

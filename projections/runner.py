@@ -1,0 +1,180 @@
+"""Keep a read model current by pulling the application's notification log.
+
+SQLite offers no push subscription, so every projection here is pulled: read the
+notifications after the view's tracked position, decode them with the application's own
+mapper (the projection reads the very facts the aggregates are built from), and commit
+the view change together with the new position in ONE transaction. A crash before the
+commit loses nothing (the next catch-up re-reads the same notifications); a crash after
+it repeats nothing. Each projection has its own tracking table, so views never share a
+position.
+
+Several processes may catch the same view up at once: notifications are read outside
+the write transaction, then the transaction locks the tracking row, re-reads the position
+and applies only what is still beyond it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from eventsourcing.application import Application
+from eventsourcing.persistence import IntegrityError, Notification
+
+from gateway_ledger.infrastructure.sql_dialect import Cursor, SqlDialect, dialect_for
+
+log = logging.getLogger("gateway_ledger.projections")
+
+DEFAULT_BATCH_SIZE = 500
+
+
+class Projection(Protocol):
+    """A read model: its tables, how one event changes it, and how to empty it."""
+
+    name: str
+    """Plain identifier; the tracking table is ``<name>_tracking``."""
+
+    def create_tables(self, cursor: Cursor, dialect: SqlDialect) -> None: ...
+
+    def apply(self, cursor: Cursor, dialect: SqlDialect, event: Any) -> None:
+        """Change the view for one decoded domain event (ignore what is not yours)."""
+
+    def clear(self, cursor: Cursor, dialect: SqlDialect) -> None: ...
+
+
+class ProjectionRunner:
+    """Pulls an application's notifications into one projection; see the module docstring."""
+
+    def __init__(self, app: Application[Any], projection: Projection) -> None:
+        self.app = app
+        self.projection = projection
+        self.dialect = dialect_for(app.recorder)
+        self.tracking_table = self.dialect.table(f"{projection.name}_tracking")
+        self._ready = False
+
+    # -- tables -----------------------------------------------------------------------------
+
+    def ensure_tables(self) -> None:
+        """Create the view and its tracking row once per process (idempotent, cheap)."""
+        if self._ready:
+            return
+        d = self.dialect
+        for attempt in range(3):
+            try:
+                self._create_tables(d)
+                break
+            except IntegrityError:
+                # PostgreSQL: two processes ran CREATE TABLE IF NOT EXISTS at once.
+                if attempt == 2:
+                    raise
+        self._ready = True
+
+    def _create_tables(self, d: SqlDialect) -> None:
+        with d.write_transaction() as c:
+            c.execute(
+                f"CREATE TABLE IF NOT EXISTS {self.tracking_table} ("
+                "application_name TEXT PRIMARY KEY, notification_id BIGINT NOT NULL)"
+            )
+            c.execute(
+                d.sql(
+                    f"INSERT INTO {self.tracking_table} (application_name, notification_id) "
+                    "VALUES (?, 0) ON CONFLICT (application_name) DO NOTHING"
+                ),
+                (self.app.name,),
+            )
+            self.projection.create_tables(c, d)
+
+    # -- position ---------------------------------------------------------------------------
+
+    def position(self) -> int:
+        """The id of the last notification the view reflects (0: none)."""
+        self.ensure_tables()
+        with self.dialect.read_cursor() as c:
+            return self._read_position(c)
+
+    def _read_position(self, c: Cursor, *, lock: bool = False) -> int:
+        c.execute(
+            self.dialect.sql(
+                f"SELECT notification_id FROM {self.tracking_table} WHERE application_name = ?"
+                + (self.dialect.for_update if lock else "")
+            ),
+            (self.app.name,),
+        )
+        row = c.fetchone()
+        return int(row["notification_id"]) if row else 0
+
+    def lag(self) -> int:
+        """How many notification ids the view is behind the log (an upper bound)."""
+        newest = self.app.recorder.max_notification_id() or 0
+        return max(0, newest - self.position())
+
+    # -- catching up ------------------------------------------------------------------------
+
+    def catch_up(
+        self, *, batch_size: int = DEFAULT_BATCH_SIZE, max_batches: int | None = None
+    ) -> int:
+        """Apply every notification after the tracked position; returns how many applied."""
+        self.ensure_tables()
+        started = time.perf_counter()
+        applied = 0
+        batches = 0
+        position = self.position()
+        while max_batches is None or batches < max_batches:
+            notifications = self.app.recorder.select_notifications(
+                position, batch_size, inclusive_of_start=False
+            )
+            if not notifications:
+                break
+            applied_now, position = self._apply_batch(notifications)
+            applied += applied_now
+            batches += 1
+            if len(notifications) < batch_size:
+                break
+        if applied:
+            log.debug(
+                "projection %s applied %d events up to %d in %.1f ms",
+                self.projection.name,
+                applied,
+                position,
+                (time.perf_counter() - started) * 1000,
+            )
+        return applied
+
+    def _apply_batch(self, notifications: Sequence[Notification]) -> tuple[int, int]:
+        """Decode outside the lock; apply the part still ahead of the position, atomically."""
+        mapper = self.app.mapper
+        events = [(n.id, mapper.to_domain_event(n)) for n in notifications]
+        last_id = notifications[-1].id
+        with self.dialect.write_transaction() as c:
+            current = self._read_position(c, lock=True)
+            todo = [event for nid, event in events if nid > current]
+            for event in todo:
+                self.projection.apply(c, self.dialect, event)
+            if last_id > current:
+                c.execute(
+                    self.dialect.sql(
+                        f"UPDATE {self.tracking_table} SET notification_id = ? "
+                        "WHERE application_name = ?"
+                    ),
+                    (last_id, self.app.name),
+                )
+        return len(todo), max(current, last_id)
+
+    def rebuild(self, *, batch_size: int = DEFAULT_BATCH_SIZE) -> int:
+        """Empty the view and replay the whole log into it: the view is only an index."""
+        self.ensure_tables()
+        with self.dialect.write_transaction() as c:
+            self._read_position(c, lock=True)
+            self.projection.clear(c, self.dialect)
+            c.execute(
+                self.dialect.sql(
+                    f"UPDATE {self.tracking_table} SET notification_id = 0 "
+                    "WHERE application_name = ?"
+                ),
+                (self.app.name,),
+            )
+        applied = self.catch_up(batch_size=batch_size)
+        log.info("projection %s rebuilt from %d events", self.projection.name, applied)
+        return applied

@@ -1,0 +1,240 @@
+"""Random command sequences against a model of the legal transitions (ADR 0006).
+
+Three ledgers with three different owners share one real store and drive one obligation:
+record, attempt, deliver, fail (every classification), claim by another owner, abandon,
+re-record. The model is written from the ADR, not from the aggregate: the duplicate marker
+is "some send that may have reached the user exists", each send being struck off only by a
+definite refusal of that very send. After every step the aggregate, its history (event
+types in order, versions without gap) and a reload through another application on the same
+store must agree with the model; a refused command raises IllegalTransition and appends
+nothing.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import attrs
+import pytest
+from conftest import drop_postgres_schema, new_postgres_url, require_postgres
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+
+from gateway_ledger.application.ledger import DeliveryLedger
+from gateway_ledger.domain.errors import IllegalTransition, NotFound
+from gateway_ledger.domain.values import AbandonReason, ErrorClass, LedgerPolicy, OwnerIdentity
+
+OWNERS = [
+    OwnerIdentity(host="gw-a", boot_id="b1", pid=101, start_time=11),
+    OwnerIdentity(host="gw-b", boot_id="b1", pid=202, start_time=22),
+    OwnerIdentity(host="gw-c", boot_id="b2", pid=303, start_time=33),
+]
+POLICY = LedgerPolicy()
+OID = "0123456789abcdef01234567"
+UNRESOLVED = {"pending", "attempting", "failed", "claimed"}
+DEFINITE = {ErrorClass.REJECTED, ErrorClass.RATE_LIMITED, ErrorClass.DEAD_TARGET}
+
+owner_index = st.integers(min_value=0, max_value=len(OWNERS) - 1)
+
+
+@attrs.define
+class Model:
+    """What ADR 0006 says the obligation is, after the commands so far."""
+
+    state: str | None = None
+    owner: int | None = None
+    fence: int = 0
+    claims: int = 0
+    send_attempts: int = 0
+    sends_may_have_arrived: list[bool] = attrs.Factory(list)  # one entry per started send
+    events: list[str] = attrs.Factory(list)
+
+    @property
+    def needs_marker(self) -> bool:
+        return any(self.sends_may_have_arrived)
+
+    def legal(self, command: str, by: int) -> bool:
+        s = self.state
+        if command == "record":
+            return True  # recording is idempotent: never refused, never rewinds
+        if s is None:
+            return False
+        if command == "attempt":
+            return s in ("pending", "failed") and (self.fence == 0 or by == self.owner)
+        if command in ("deliver", "fail"):
+            return s in ("attempting", "claimed")
+        if command == "claim":
+            return s in UNRESOLVED and by != self.owner and self.claims < POLICY.max_attempts
+        if command == "abandon":
+            return s in UNRESOLVED
+        raise AssertionError(command)
+
+
+class ObligationMachine(RuleBasedStateMachine):
+    """Subclassed per store by :func:`machine_for`; ``new_location``/``drop`` set there."""
+
+    new_location: Callable[[], str]
+    drop: Callable[[str], None]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.location = type(self).new_location()
+        self.ledgers = [DeliveryLedger.open(self.location, owner=o, policy=POLICY) for o in OWNERS]
+        self.reader = DeliveryLedger.open(self.location, owner=OWNERS[0], policy=POLICY)
+        self.model = Model()
+
+    def teardown(self) -> None:
+        for app in [*self.ledgers, self.reader]:
+            app.close()
+        type(self).drop(self.location)
+
+    # -- driving ------------------------------------------------------------------------------
+
+    def _stored_count(self) -> int:
+        """Events in the whole store (counted: PostgreSQL's notification ids have gaps)."""
+        return len(self.reader.recorder.select_notifications(start=None, limit=10_000))
+
+    def _run(self, command: str, by: int, action: Callable[[], object]) -> bool:
+        """Run one command; check a refusal appended nothing. True when it was legal.
+
+        Before the obligation is recorded every transition is NotFound, not illegal.
+        """
+        legal = self.model.legal(command, by)
+        before = self._stored_count()
+        if legal:
+            action()
+            return True
+        if self.model.state is None:
+            with pytest.raises(NotFound, match=OID):
+                action()
+        else:
+            with pytest.raises(IllegalTransition) as refused:
+                action()
+            assert OID in str(refused.value) and self.model.state in str(refused.value)
+        assert self._stored_count() == before
+        return False
+
+    @rule(by=owner_index, content=st.sampled_from(["hello", "nul\x00", "🙂" * 3]))
+    def record(self, by: int, content: str) -> None:
+        before = self._stored_count()
+        self.ledgers[by].record_obligation(
+            obligation_id=OID,
+            session_key="agent:main:telegram:dm:1",
+            platform="telegram",
+            chat_id="1",
+            content=content,
+        )
+        if self.model.state is None:
+            self.model.state, self.model.owner = "pending", by
+            self.model.events.append("Recorded")
+        else:
+            assert self._stored_count() == before  # idempotent: nothing appended
+
+    @rule(by=owner_index)
+    def attempt(self, by: int) -> None:
+        if self._run("attempt", by, lambda: self.ledgers[by].mark_attempting(OID)):
+            m = self.model
+            m.state, m.owner = "attempting", by
+            m.send_attempts += 1
+            m.sends_may_have_arrived.append(True)
+            m.events.append("Attempting")
+
+    @rule(by=owner_index)
+    def deliver(self, by: int) -> None:
+        if self._run("deliver", by, lambda: self.ledgers[by].mark_delivered(OID, ["m-1"])):
+            self.model.state = "delivered"
+            self.model.events.append("Delivered")
+
+    @rule(by=owner_index, classification=st.sampled_from(list(ErrorClass)))
+    def fail(self, by: int, classification: ErrorClass) -> None:
+        call = lambda: self.ledgers[by].mark_failed(OID, "boom", classification.value)  # noqa: E731
+        if self._run("fail", by, call):
+            m = self.model
+            m.state = "failed"
+            if classification in DEFINITE:
+                m.sends_may_have_arrived[-1] = False  # this send was refused: it never arrived
+            m.events.append("Failed")
+
+    @rule(by=owner_index)
+    def claim(self, by: int) -> None:
+        ledger = self.ledgers[by]
+
+        def call() -> None:
+            obligation = ledger._load(OID)
+            obligation.claim(by=ledger.owner, now=ledger.clock(), policy=ledger.policy)
+            ledger._save(obligation, "claimed")
+
+        if self._run("claim", by, call):
+            m = self.model
+            m.state, m.owner = "claimed", by
+            m.fence += 1
+            m.claims += 1
+            m.sends_may_have_arrived.append(True)  # the claimer sends at once
+            m.events.append("Claimed")
+
+    @rule(by=owner_index, reason=st.sampled_from(list(AbandonReason)))
+    def abandon(self, by: int, reason: AbandonReason) -> None:
+        if self._run("abandon", by, lambda: self.ledgers[by].abandon(OID, reason.value)):
+            self.model.state = "abandoned"
+            self.model.events.append("Abandoned")
+
+    # -- agreement ----------------------------------------------------------------------------
+
+    @invariant()
+    def aggregate_history_and_store_agree_with_the_model(self) -> None:
+        m = self.model
+        if m.state is None:
+            assert not self.reader.exists(OID)
+            return
+        assert m.owner is not None
+        for app in (self.ledgers[0], self.reader):  # a writer's view and a separate reader
+            status = app.get(OID)
+            assert status.state == m.state
+            assert status.owner == OWNERS[m.owner]
+            assert (status.fence, status.recovery_attempts) == (m.fence, m.claims)
+            assert status.send_attempts == m.send_attempts
+            assert status.needs_marker == m.needs_marker
+            assert status.version == len(m.events)
+        history = self.reader.history(OID)
+        assert [h.type for h in history] == m.events
+        assert [h.version for h in history] == list(range(1, len(m.events) + 1))
+        assert self._stored_count() == len(m.events)
+
+
+def machine_for(backend: str) -> type[ObligationMachine]:
+    if backend == "sqlite":
+
+        def new_location() -> str:
+            return str(Path(tempfile.mkdtemp(prefix="gl-stateful-")) / "ledger.db")
+
+        def drop(location: str) -> None:
+            shutil.rmtree(Path(location).parent, ignore_errors=True)
+
+    else:
+        new_location, drop = new_postgres_url, drop_postgres_schema
+    return type(
+        f"ObligationMachine_{backend}",
+        (ObligationMachine,),
+        {"new_location": staticmethod(new_location), "drop": staticmethod(drop)},
+    )
+
+
+STATEFUL_SETTINGS = settings(
+    max_examples=30,
+    stateful_step_count=20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+def test_command_sequences_follow_the_model_on_sqlite() -> None:
+    run_state_machine_as_test(machine_for("sqlite"), settings=STATEFUL_SETTINGS)
+
+
+def test_command_sequences_follow_the_model_on_postgres() -> None:
+    require_postgres()
+    run_state_machine_as_test(machine_for("postgres"), settings=STATEFUL_SETTINGS)

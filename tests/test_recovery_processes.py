@@ -1,0 +1,206 @@
+"""Crash recovery with real processes killed by real signals, on every store."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from collections import Counter
+
+from recovery_support import dead_owner, python_child, record_orphans, view_snapshot
+
+from gateway_ledger.application.ledger import DeliveryLedger
+
+
+def test_sweep_claims_what_a_killed_process_left_pending_and_attempting(
+    store_location: str,
+) -> None:
+    child = python_child(
+        f"""
+        import sys, time
+        from gateway_ledger.application.ledger import DeliveryLedger
+        ledger = DeliveryLedger.open({store_location!r})
+        for oid in ("left-pending", "left-attempting"):
+            ledger.record_obligation(
+                obligation_id=oid, session_key="agent:main:telegram:dm:7",
+                platform="telegram", chat_id="7", thread_id="t1", content="the answer",
+                reply_to="m41", media=[{{"kind": "image", "uri": "file:///a.png"}}],
+                metadata={{"parse_mode": "HTML"}},
+            )
+        ledger.mark_attempting("left-attempting")
+        print("ready", flush=True)
+        time.sleep(60)
+        """
+    )
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "ready"
+    child.send_signal(signal.SIGKILL)
+    assert child.wait(timeout=10) == -signal.SIGKILL
+
+    ledger = DeliveryLedger.open(store_location)
+    won = {item["obligation_id"]: item for item in ledger.sweep_recoverable()}
+    assert set(won) == {"left-pending", "left-attempting"}
+    assert won["left-pending"]["needs_marker"] is False
+    assert won["left-attempting"]["needs_marker"] is True
+    item = won["left-attempting"]
+    assert {k: item[k] for k in ("platform", "chat_id", "thread_id", "reply_to", "attempts")} == {
+        "platform": "telegram",
+        "chat_id": "7",
+        "thread_id": "t1",
+        "reply_to": "m41",
+        "attempts": 1,
+    }
+    assert item["content"] == "the answer"
+    assert item["media"][0]["uri"] == "file:///a.png"
+    assert item["metadata"] == {"parse_mode": "HTML"}
+    assert ledger.last_sweep is not None and ledger.last_sweep.claimed == 2
+
+    assert ledger.sweep_recoverable() == []
+    assert ledger.last_sweep.claimed == 0 and ledger.last_sweep.skipped_own == 2
+    assert {e.state for e in ledger.recoverable.entries()} == {"claimed"}
+
+
+def test_a_claimer_that_dies_is_reclaimed_with_the_marker(store_location: str) -> None:
+    (oid,) = record_orphans(store_location, 1)
+    child = python_child(
+        f"""
+        import json, time
+        from gateway_ledger.application.ledger import DeliveryLedger
+        ledger = DeliveryLedger.open({store_location!r})
+        print(json.dumps(ledger.sweep_recoverable()), flush=True)
+        time.sleep(60)
+        """
+    )
+    assert child.stdout is not None
+    (claimed,) = json.loads(child.stdout.readline())
+    assert (claimed["obligation_id"], claimed["needs_marker"]) == (oid, False)
+
+    parent = DeliveryLedger.open(store_location)
+    assert parent.sweep_recoverable() == []  # the claimer is alive: hands off
+    assert parent.last_sweep is not None and parent.last_sweep.skipped_alive == 1
+
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=10)
+    (again,) = parent.sweep_recoverable()
+    assert (again["obligation_id"], again["needs_marker"], again["attempts"]) == (oid, True, 2)
+
+
+SWEEPER = """
+import json, sys
+from gateway_ledger.application.ledger import DeliveryLedger
+ledger = DeliveryLedger.open({location!r})
+ledger.recoverable.catch_up()
+print("ready", flush=True)
+sys.stdin.readline()
+won = ledger.sweep_recoverable()
+r = ledger.last_sweep
+print(json.dumps({{"won": [w["obligation_id"] for w in won], "lost": r.lost_races,
+                  "claimed": r.claimed, "alive": r.skipped_alive}}), flush=True)
+"""
+
+
+def test_four_sweepers_at_once_claim_each_obligation_exactly_once(store_location: str) -> None:
+    ids = record_orphans(store_location, 500)
+    children = [python_child(SWEEPER.format(location=store_location)) for _ in range(4)]
+    for child in children:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "ready", child.stderr
+    for child in children:  # release them together
+        assert child.stdin is not None
+        child.stdin.write("go\n")
+        child.stdin.flush()
+    reports = []
+    for child in children:
+        out, err = child.communicate(timeout=120)
+        assert child.returncode == 0, err
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+
+    per_obligation = Counter(oid for report in reports for oid in report["won"])
+    assert set(per_obligation) == set(ids)  # the union is all 500
+    assert set(per_obligation.values()) == {1}  # each claimed by exactly one
+    assert sum(r["claimed"] for r in reports) == 500
+    for r in reports:  # every candidate is accounted for: won, lost, or seen taken
+        assert r["claimed"] + r["lost"] + r["alive"] == 500
+    ledger = DeliveryLedger.open(store_location)
+    sample = ids[::50]
+    for oid in sample:
+        assert [h.type for h in ledger.history(oid)] == ["Recorded", "Claimed"]
+
+
+def test_sweep_killed_before_its_view_update_leaves_a_view_the_next_sweep_repairs(
+    store_location: str,
+) -> None:
+    ids = record_orphans(store_location, 30)
+    # The child claims everything, then dies inside the view transaction that would
+    # record those claims: the events are in the store, the view change is not.
+    child = python_child(
+        f"""
+        import os, signal
+        from gateway_ledger.application.ledger import DeliveryLedger
+        ledger = DeliveryLedger.open({store_location!r})
+        view = ledger.recoverable
+        view.catch_up()
+        applied = []
+        real_apply = view.apply
+        def apply_then_die(cursor, dialect, event):
+            real_apply(cursor, dialect, event)
+            applied.append(event)
+            if len(applied) == 5:
+                os.kill(os.getpid(), signal.SIGKILL)
+        view.apply = apply_then_die
+        ledger.sweep_recoverable()
+        """
+    )
+    child.communicate(timeout=60)
+    assert child.returncode == -signal.SIGKILL
+
+    ledger = DeliveryLedger.open(store_location)
+    claimed_by_child = [h for oid in ids for h in ledger.history(oid) if h.type == "Claimed"]
+    assert len(claimed_by_child) == 30  # the events were appended before the kill
+    assert {e.state for e in ledger.recoverable.entries()} == {"pending"}  # view untouched
+    assert ledger.recoverable.runner.lag() > 0
+
+    won = ledger.sweep_recoverable()  # catches up first, then re-claims from the dead child
+    assert sorted(w["obligation_id"] for w in won) == ids
+    assert all(w["needs_marker"] and w["attempts"] == 2 for w in won)
+    incremental = view_snapshot(ledger)
+    assert ledger.recoverable.rebuild() > 0
+    assert view_snapshot(ledger) == incremental
+    assert {row[4] for row in incremental} == {ledger.owner}
+    assert ledger.recoverable.runner.lag() == 0
+
+
+def test_live_owners_are_never_swept_until_they_die(store_location: str) -> None:
+    child = python_child(
+        f"""
+        import time
+        from gateway_ledger.application.ledger import DeliveryLedger
+        ledger = DeliveryLedger.open({store_location!r})
+        ledger.record_obligation(obligation_id="busy", session_key="agent:main:x:dm:1",
+                                 platform="telegram", chat_id="1", content="working on it")
+        ledger.mark_attempting("busy")
+        print("ready", flush=True)
+        time.sleep(60)
+        """
+    )
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "ready"
+    ledger = DeliveryLedger.open(store_location)
+    for _ in range(2):
+        assert ledger.sweep_recoverable() == []
+        assert ledger.last_sweep is not None and ledger.last_sweep.skipped_alive == 1
+    assert ledger.get("busy").send_attempts == 1
+    assert ledger.get("busy").recovery_attempts == 0
+
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait(timeout=10)
+    assert [w["obligation_id"] for w in ledger.sweep_recoverable()] == ["busy"]
+
+
+def test_recording_orphans_helper_really_makes_dead_owners(store_location: str) -> None:
+    owner = dead_owner()
+    record_orphans(store_location, 2, owner=owner)
+    ledger = DeliveryLedger.open(store_location)
+    assert ledger.get("orphan-00000").owner == owner
+    assert subprocess.run(["kill", "-0", str(owner.pid)], capture_output=True).returncode != 0
