@@ -18,6 +18,7 @@ from typing import Any
 
 import attrs
 from eventsourcing.application import Application
+from eventsourcing.utils import get_topic
 
 from gateway_ledger.domain.obligation import DeliveryObligation
 from gateway_ledger.domain.values import ObligationState, OwnerIdentity
@@ -129,6 +130,12 @@ class RecoverableObligations:
 
     def clear(self, cursor: Cursor, dialect: SqlDialect) -> None:
         cursor.execute(f"DELETE FROM {self.table}")
+
+    _TOPIC_PREFIX = get_topic(DeliveryObligation) + "."
+
+    def wants_topic(self, topic: str) -> bool:
+        """Only obligation events are indexed (the store may hold other applications')."""
+        return topic.startswith(self._TOPIC_PREFIX)
 
     def apply(self, cursor: Cursor, dialect: SqlDialect, fact: object) -> None:
         if not isinstance(fact, DeliveryObligation.Event):

@@ -145,7 +145,14 @@ class ProjectionRunner:
     def _apply_batch(self, notifications: Sequence[Notification]) -> tuple[int, int]:
         """Decode outside the lock; apply the part still ahead of the position, atomically."""
         mapper = self.app.mapper
-        events = [(n.id, mapper.to_domain_event(n)) for n in notifications]
+        # An SQLite file shared with the session store has one events table for both
+        # applications: decode only what the projection indexes (no foreign transcodings).
+        wants = getattr(self.projection, "wants_topic", None)
+        events = [
+            (n.id, mapper.to_domain_event(n))
+            for n in notifications
+            if wants is None or wants(n.topic)
+        ]
         last_id = notifications[-1].id
         with self.dialect.write_transaction() as c:
             current = self._read_position(c, lock=True)

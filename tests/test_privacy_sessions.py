@@ -195,7 +195,10 @@ def test_no_personal_data_of_either_half_in_clear_at_rest(
     assert fresh.append(fresh.resolve(SOURCE, T0), "user", "dup", PLATFORM_IDS[3]).duplicate
     assert fresh._load_session(session_id).source == SOURCE
     assert fresh.resolve(SOURCE, T0 + timedelta(minutes=1)).key == key
+    ledger.recoverable.catch_up()  # the recovery projection copies clear fields only
+    assert [e.obligation_id for e in ledger.recoverable.entries()] == ["reply-1"]
     raw = store_bytes(store_location, store, ledger, fresh)
+    assert b"reply-1" in raw
     assert session_id.encode() in raw  # the scan does see the store's content
     # raw_keys: the key embeds the raw chat id and user id: sealed, like them.
     assert_no_secret(raw, (key,) if raw_keys else ())
