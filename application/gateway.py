@@ -24,7 +24,6 @@ from typing import Any
 
 import attrs
 
-from gateway_ledger.application.interim_sweep import interim_sweep
 from gateway_ledger.application.ledger import DeliveryLedger
 from gateway_ledger.application.ports import (
     PlatformAdapter,
@@ -163,7 +162,7 @@ class Gateway:
         self.command_prefixes = tuple(command_prefixes)
         self.ledger_deadline = ledger_deadline
         self.writer = writer or GroupCommitWriter(ledger)
-        self._sweep = sweep or getattr(ledger, "sweep_recoverable", None)
+        self._sweep = sweep or ledger.sweep_recoverable
         self._adapters: dict[str, PlatformAdapter] = {}
         self._counters = _Counters()
         self._closed = False
@@ -246,9 +245,7 @@ class Gateway:
         )
 
     def _run_sweep(self, platforms: frozenset[str]) -> list[dict[str, Any]]:
-        if self._sweep is not None:
-            return list(self._sweep(self._now(), deliverable_platforms=platforms))
-        return interim_sweep(self.ledger, self._now(), deliverable_platforms=platforms)
+        return list(self._sweep(self._now(), deliverable_platforms=platforms))
 
     async def close(self) -> None:
         """Stop scheduled retries (the boot sweep owns them now) and flush the writer."""

@@ -3,8 +3,8 @@
 - a recovery sweep with the upstream signature (issue 3's ``DeliveryLedger.sweep_recoverable``);
 - a session store that can clear an interrupted conversation's resume flag (issue 4).
 
-Either may be absent: without a session store nothing is resumed or cleared; without a
-ledger sweep the interim scan in ``interim_sweep`` is used.
+The sweep defaults to the ledger's own; without a session store nothing is resumed or
+cleared.
 """
 
 from __future__ import annotations
