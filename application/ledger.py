@@ -278,9 +278,14 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
         )
         return won
 
-    def forget_session(self, session_key: str, *, requested_by: str = "") -> ErasureReport:
-        """Erase the session's personal data; its history stays, showing ``[erased]``."""
-        return forget_in_ledger(self, session_key, requested_by=requested_by)
+    def forget_session(
+        self, session_key: str, *, requested_by: str = "", sessions: Any = None
+    ) -> ErasureReport:
+        """Erase the session's personal data; its history stays, showing ``[erased]``.
+
+        Pass the open ``SessionStore`` as ``sessions`` to erase its conversations too.
+        """
+        return forget_in_ledger(self, session_key, requested_by=requested_by, sessions=sessions)
 
     def is_erased(self, obligation_id: str) -> bool:
         """True when the obligation's session was forgotten: never send it, abandon it."""

@@ -25,6 +25,7 @@ class Erasure(Aggregate):
     requested_by: str
     destroyed_keys: list[str]
     abandoned: list[str]
+    sessions: list[str]
     erased_at: datetime
 
     @staticmethod
@@ -41,6 +42,7 @@ class Erasure(Aggregate):
         destroyed_keys: Sequence[str],
         abandoned: Sequence[str],
         now: datetime,
+        sessions: Sequence[str] = (),
     ) -> Erasure:
         require_text("subject_id", subject_id)
         if not isinstance(by, OwnerIdentity):
@@ -53,6 +55,7 @@ class Erasure(Aggregate):
             requested_by=requested_by,
             destroyed_keys=[require_text("key id", k) for k in destroyed_keys],
             abandoned=[require_text("obligation id", o) for o in abandoned],
+            sessions=[require_text("session id", s) for s in sessions],
             timestamp=now,
         )
 
@@ -65,10 +68,12 @@ class Erasure(Aggregate):
         destroyed_keys: list[str],
         abandoned: list[str],
         timestamp: datetime,
+        sessions: list[str] | None = None,
     ) -> None:
         self.subject_id = subject_id
         self.by = by
         self.requested_by = requested_by
         self.destroyed_keys = list(destroyed_keys)
         self.abandoned = list(abandoned)
+        self.sessions = list(sessions or ())  # the erased conversations (none before v2)
         self.erased_at = timestamp
