@@ -47,7 +47,7 @@ from gateway_ledger.domain.values import (
 from gateway_ledger.infrastructure.clock import Clock, system_clock
 from gateway_ledger.infrastructure.private_mapper import ENCRYPT_ENV, PrivateEvents
 from gateway_ledger.infrastructure.process_identity import current_owner
-from gateway_ledger.infrastructure.store import store_environment
+from gateway_ledger.infrastructure.store import opening, store_environment
 from gateway_ledger.infrastructure.transcoder import AttrsTranscoding, OrjsonTranscoder
 from gateway_ledger.projections.obligation_index import IndexEntry, ObligationIndex
 from gateway_ledger.projections.recoverable import RecoverableObligations
@@ -117,9 +117,14 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
         encrypt: bool | None = None,
     ) -> DeliveryLedger:
         """Open (creating if needed) the store at a file path or a postgresql:// URL."""
-        return cls(
-            store_environment(location), owner=owner, policy=policy, clock=clock, encrypt=encrypt
-        )
+        with opening(location):
+            return cls(
+                store_environment(location),
+                owner=owner,
+                policy=policy,
+                clock=clock,
+                encrypt=encrypt,
+            )
 
     def construct_transcoder(self) -> Transcoder:
         return build_transcoder()

@@ -63,7 +63,7 @@ from gateway_ledger.domain.values import require_aware, require_text
 from gateway_ledger.infrastructure.clock import Clock, system_clock
 from gateway_ledger.infrastructure.private_mapper import ENCRYPT_ENV, PrivateEvents
 from gateway_ledger.infrastructure.secrets import load_or_create_secret, secret_path
-from gateway_ledger.infrastructure.store import store_environment
+from gateway_ledger.infrastructure.store import opening, store_environment
 from gateway_ledger.infrastructure.transcoder import AttrsTranscoding, OrjsonTranscoder
 
 log = logging.getLogger("gateway_ledger.sessions")
@@ -190,7 +190,8 @@ class SessionStore(PrivateEvents, Application[UUID]):
         hasher = None
         if not raw_keys:
             hasher = KeyedHasher(load_or_create_secret(secret_path(location, secret_dir)))
-        return cls(store_environment(location), hasher=hasher, raw_keys=raw_keys, **options)
+        with opening(location):
+            return cls(store_environment(location), hasher=hasher, raw_keys=raw_keys, **options)
 
     # -- erasure (the session half of ``privacy.forget_session``) ------------------------------
 
