@@ -13,7 +13,7 @@ import logging
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import attrs
 import orjson
@@ -161,6 +161,7 @@ def forget_in_ledger(
         )
     abandoned += _abandon_unresolved(ledger, subject)
     erasure = Erasure.record(
+        erasure_id=uuid4(),
         subject_id=subject,
         by=ledger.owner,
         requested_by=requested_by,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from uuid import UUID, uuid4
+from uuid import UUID
 
 from eventsourcing.domain import Aggregate, event
 
@@ -28,14 +28,11 @@ class Erasure(Aggregate):
     sessions: list[str]
     erased_at: datetime
 
-    @staticmethod
-    def create_id() -> UUID:
-        return uuid4()
-
     @classmethod
     def record(
         cls,
         *,
+        erasure_id: UUID,
         subject_id: str,
         by: OwnerIdentity,
         requested_by: str,
@@ -49,7 +46,11 @@ class Erasure(Aggregate):
             raise InvalidInput("by must be an OwnerIdentity")
         require_text("requested_by", requested_by, allow_empty=True)
         require_aware("now", now)
-        return cls(
+        if not isinstance(erasure_id, UUID):
+            raise InvalidInput("erasure_id must be a UUID")
+        return cls._create(
+            cls.SubjectErased,  # type: ignore[attr-defined]
+            id=erasure_id,
             subject_id=subject_id,
             by=by,
             requested_by=requested_by,
