@@ -16,6 +16,7 @@ untouched. Other stores (PostgreSQL) keep ``app.save``: :func:`appender_for`.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
@@ -104,10 +105,8 @@ class SQLiteAppender:
         """After a store error, reconnect next time (the file may have been replaced)."""
         conn, self._conn = self._conn, None
         if conn is not None:
-            try:
+            with contextlib.suppress(sqlite3.Error):
                 conn.close()
-            except sqlite3.Error:
-                pass
 
     def close(self) -> None:
         with self._lock:
@@ -118,4 +117,8 @@ def appender_for(app: Application[Any]) -> Append:
     """The short path on SQLite; the library's ``save`` anywhere else."""
     if isinstance(app.recorder, SQLiteApplicationRecorder):
         return SQLiteAppender(app)
-    return lambda events: app.save(*events)
+
+    def save(events: Sequence[Any]) -> None:
+        app.save(*events)
+
+    return save

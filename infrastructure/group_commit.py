@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import queue
 import threading
@@ -262,10 +263,8 @@ class GroupCommitWriter:
             if job.waiter is not None:
                 by_loop.setdefault(job.waiter.get_loop(), []).append(job.waiter)
         for loop, waiters in by_loop.items():
-            try:
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
                 loop.call_soon_threadsafe(_wake, waiters, error)
-            except RuntimeError:  # the loop is closed: nobody is waiting any more
-                pass
 
 
 def _wake(waiters: list[asyncio.Future[None]], error: BaseException | None) -> None:
