@@ -24,6 +24,7 @@ from typing import Any
 
 import attrs
 
+from gateway_ledger.application.deadlines import Deadlines
 from gateway_ledger.application.late_results import record_results, results_of
 from gateway_ledger.application.ledger import DeliveryLedger
 from gateway_ledger.application.ports import (
@@ -164,7 +165,7 @@ class Gateway:
         self.sessions = sessions
         self.scheduler: Scheduler = scheduler or AsyncioScheduler()
         self.command_prefixes = tuple(command_prefixes)
-        self.ledger_deadline = ledger_deadline
+        self._deadlines = Deadlines(ledger_deadline)
         self.writer = writer or GroupCommitWriter(ledger)
         self._sweep = sweep or ledger.sweep_recoverable
         self._adapters: dict[str, PlatformAdapter] = {}
@@ -182,6 +183,15 @@ class Gateway:
         **kwargs: Any,
     ) -> Gateway:
         return cls(DeliveryLedger.open(location, owner=owner, policy=policy, clock=clock), **kwargs)
+
+    @property
+    def ledger_deadline(self) -> float:
+        """Seconds a send waits for its ledger write before going out anyway."""
+        return self._deadlines.seconds
+
+    @ledger_deadline.setter
+    def ledger_deadline(self, seconds: float) -> None:
+        self._deadlines.seconds = seconds
 
     @property
     def owner(self) -> OwnerIdentity:
@@ -258,6 +268,7 @@ class Gateway:
         self._closed = True
         await self.scheduler.close()
         await asyncio.get_running_loop().run_in_executor(None, self.writer.close)
+        self._deadlines.close()
         self.ledger.close()
 
     async def __aenter__(self) -> Gateway:
@@ -329,10 +340,10 @@ class Gateway:
             if adapter is None:
                 return DeliveryOutcome(status="failed", obligation_id=oid, ledger_fault=True)
             return await self._send_untracked(oid, context, reply, inbound_message_id, adapter)
-        future = self.writer.submit(agg.collect_events(), label=oid)
+        future, waiter = self.writer.submit_waiting(agg.collect_events(), label=oid)
         fault = False
         try:
-            await self._durable(future)
+            await self._durable(waiter)
         except ConcurrentUpdate:
             return await self._already_recorded(oid)
         except Exception as e:
@@ -346,8 +357,10 @@ class Gateway:
         flight.last_write = future
         return await self._send(flight)
 
-    async def _durable(self, future: concurrent.futures.Future[None]) -> None:
-        await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), self.ledger_deadline)
+    async def _durable(self, waiter: asyncio.Future[None]) -> None:
+        """Wait for a write, at most ``ledger_deadline``; the write itself goes on regardless."""
+        self._deadlines.watch(waiter)
+        await waiter
 
     async def _already_recorded(self, oid: str) -> DeliveryOutcome:
         """Same session, inbound message and content: that reply is owed or done already."""
@@ -366,10 +379,12 @@ class Gateway:
         events = flight.agg.collect_events()
         if not flight.tracked:
             return False
-        future = self.writer.submit(events, label=flight.oid, after=flight.last_write)
+        future, waiter = self.writer.submit_waiting(
+            events, label=flight.oid, after=flight.last_write
+        )
         flight.last_write = future
         try:
-            await self._durable(future)
+            await self._durable(waiter)
         except ConcurrentUpdate:
             # Another writer (an operator, a sweep) changed it: its history now decides.
             log.info("obligation %s: %s lost to a concurrent writer", flight.oid, stage)

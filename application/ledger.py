@@ -13,13 +13,22 @@ import weakref
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError, Application
 from eventsourcing.persistence import IntegrityError, PersistenceError, Transcoder
 
+from gateway_ledger.application.audit import DuplicateAudit, audit_duplicates
 from gateway_ledger.application.liveness import LeaseLiveness
+from gateway_ledger.application.operations import (
+    LedgerStats,
+    Timeline,
+    compute_stats,
+    list_obligations,
+    request_retry,
+    timeline,
+)
 from gateway_ledger.application.privacy import (
     DELIVERY_PRIVACY,
     ErasureReport,
@@ -48,8 +57,9 @@ from gateway_ledger.infrastructure.installation import resolve_installation_id
 from gateway_ledger.infrastructure.leases import Heartbeat, LeaseSettings, LeaseTable
 from gateway_ledger.infrastructure.private_mapper import ENCRYPT_ENV, PrivateEvents
 from gateway_ledger.infrastructure.process_identity import current_owner
-from gateway_ledger.infrastructure.store import is_concurrent_ddl, store_environment
+from gateway_ledger.infrastructure.store import is_concurrent_ddl, opening, store_environment
 from gateway_ledger.infrastructure.transcoder import AttrsTranscoding, OrjsonTranscoder
+from gateway_ledger.projections.obligation_index import IndexEntry, ObligationIndex
 from gateway_ledger.projections.recoverable import RecoverableObligations
 
 log = logging.getLogger("gateway_ledger.ledger")
@@ -113,6 +123,7 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
         self.location = str(sqlite_path or self.env.get("POSTGRES_DBNAME") or "")
         self.last_sweep: SweepResult | None = None
         self._recoverable: RecoverableObligations | None = None
+        self._obligation_index: ObligationIndex | None = None
         # Multi-host (ADR 0010): on PostgreSQL every ledger owner holds a lease by default.
         self.lease_settings = lease or LeaseSettings.from_env()
         self.leases: LeaseTable | None = None
@@ -135,14 +146,15 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
         lease: LeaseSettings | None = None,
     ) -> DeliveryLedger:
         """Open (creating if needed) the store at a file path or a postgresql:// URL."""
-        return cls(
-            store_environment(location),
-            owner=owner,
-            policy=policy,
-            clock=clock,
-            encrypt=encrypt,
-            lease=lease,
-        )
+        with opening(location):
+            return cls(
+                store_environment(location),
+                owner=owner,
+                policy=policy,
+                clock=clock,
+                encrypt=encrypt,
+                lease=lease,
+            )
 
     def close(self) -> None:
         """Release this owner's lease (others may take its work at once), then close."""
@@ -326,9 +338,14 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
             return LeaseLiveness(self.leases, self.lease_settings.clock_skew)
         return LocalLiveness()
 
-    def forget_session(self, session_key: str, *, requested_by: str = "") -> ErasureReport:
-        """Erase the session's personal data; its history stays, showing ``[erased]``."""
-        return forget_in_ledger(self, session_key, requested_by=requested_by)
+    def forget_session(
+        self, session_key: str, *, requested_by: str = "", sessions: Any = None
+    ) -> ErasureReport:
+        """Erase the session's personal data; its history stays, showing ``[erased]``.
+
+        Pass the open ``SessionStore`` as ``sessions`` to erase its conversations too.
+        """
+        return forget_in_ledger(self, session_key, requested_by=requested_by, sessions=sessions)
 
     def is_erased(self, obligation_id: str) -> bool:
         """True when the obligation's session was forgotten: never send it, abandon it."""
@@ -339,7 +356,14 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
     def get(self, obligation_id: str) -> ObligationStatus:
         return ObligationStatus.of(self._load(obligation_id))
 
-    def history(self, obligation_id: str) -> list[HistoryEntry]:
+    @overload
+    def history(self, obligation_id: str) -> list[HistoryEntry]: ...
+    @overload
+    def history(self, obligation_id: str, at: datetime) -> Timeline: ...
+    def history(self, obligation_id: str, at: datetime | None = None) -> Any:
+        """Every event of the obligation; with ``at``, a Timeline of its state at that moment."""
+        if at is not None:
+            return timeline(self, obligation_id, at)
         events = list(self.events.get(self._uuid(obligation_id)))
         if not events:
             raise NotFound("obligation", obligation_id)
@@ -347,6 +371,44 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
 
     def exists(self, obligation_id: str) -> bool:
         return self._uuid(obligation_id) in self.repository
+
+    # -- operators (application/operations.py, application/audit.py, ADR 0011) ---------------
+
+    @property
+    def obligation_index(self) -> ObligationIndex:
+        """One row per obligation, for status, list and metrics; resumes from its position."""
+        if self._obligation_index is None:
+            self._obligation_index = ObligationIndex(self)
+        return self._obligation_index
+
+    def stats(self, now: datetime | None = None) -> LedgerStats:
+        """The figures of ``gateway-ledger status`` and ``metrics``, read from the index."""
+        return compute_stats(self, now)
+
+    def timeline(self, obligation_id: str, at: datetime | None = None) -> Timeline:
+        return timeline(self, obligation_id, at)
+
+    def retry(self, obligation_id: str, by_operator: str = "") -> ObligationStatus:
+        """An operator's retry: claimable by the next sweep at once; refused when final."""
+        return request_retry(self, obligation_id, by_operator)
+
+    def audit_duplicates(self) -> DuplicateAudit:
+        """Replay every event; report possible duplicates and ownership problems."""
+        return audit_duplicates(self)
+
+    def list(
+        self,
+        *,
+        state: str | None = None,
+        platform: str | None = None,
+        since: datetime | None = None,
+        session: str | None = None,
+        limit: int | None = None,
+    ) -> tuple[IndexEntry, ...]:
+        """Obligations from the index, oldest first (``session`` is a session key)."""
+        return list_obligations(
+            self, state=state, platform=platform, since=since, session=session, limit=limit
+        )
 
     # -- helpers ------------------------------------------------------------------------------
 

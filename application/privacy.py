@@ -13,25 +13,34 @@ import logging
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import attrs
 import orjson
 from eventsourcing.application import AggregateNotFoundError
-from eventsourcing.persistence import IntegrityError
+from eventsourcing.persistence import IntegrityError, PersistenceError
 
 from gateway_ledger.domain.erasure import Erasure
 from gateway_ledger.domain.errors import InvalidInput
 from gateway_ledger.domain.obligation import DeliveryObligation
+from gateway_ledger.domain.session import Session
+from gateway_ledger.domain.session_route import SessionRoute
 from gateway_ledger.domain.values import AbandonReason, require_text
-from gateway_ledger.infrastructure.private_mapper import ERASED, PrivacyPolicy, SealedEvent
+from gateway_ledger.infrastructure.private_mapper import (
+    ERASED,
+    PrivacyPolicy,
+    SealedEvent,
+    SealedSnapshot,
+)
+from gateway_ledger.infrastructure.store import store_environment
 
 if TYPE_CHECKING:
     from gateway_ledger.application.ledger import DeliveryLedger
+    from gateway_ledger.application.sessions import SessionStore
 
 log = logging.getLogger("gateway_ledger.privacy")
 
-__all__ = ["DELIVERY_PRIVACY", "ERASED", "ErasureReport", "forget_session"]
+__all__ = ["DELIVERY_PRIVACY", "ERASED", "SESSION_PRIVACY", "ErasureReport", "forget_session"]
 
 _Obligation: Any = DeliveryObligation  # its event classes are made at runtime
 
@@ -58,6 +67,39 @@ DELIVERY_PRIVACY = PrivacyPolicy(
 """Personal: what was said, to whom, where, and what the platform echoed back.
 In clear: obligation id, states, times, attempts, fence, platform, owner, error class."""
 
+_Session: Any = Session
+_Route: Any = SessionRoute
+
+SOURCE_FIELDS = tuple(
+    f"source.{name}"
+    for name in (
+        "chat_id",
+        "chat_name",
+        "user_id",
+        "user_name",
+        "thread_id",
+        "chat_topic",
+        "user_id_alt",
+        "chat_id_alt",
+        "scope_id",
+        "parent_chat_id",
+        "message_id",
+    )
+)
+"""Who and where, in a SessionSource. In clear: platform, chat_type, is_bot, profile."""
+
+SESSION_PRIVACY = PrivacyPolicy(
+    SealedEvent(_Session.Started, ("key", *SOURCE_FIELDS), subject_from="key"),
+    SealedEvent(_Session.MessageAppended, ("content", "platform_message_id"), state_free=True),
+    SealedEvent(_Route.Opened, ("key",), subject_from="key"),
+    SealedSnapshot(Session, ("key", *SOURCE_FIELDS)),
+    SealedSnapshot(SessionRoute, ("key",)),
+)
+"""Personal: what was said, by whom, where, and the session key (raw ids in raw_keys mode).
+In clear: session ids, seq, role, times, counters, reset reasons, platform, chat type.
+``InboundMessage`` needs no sealing: the store keys it by keyed hashes only (ADR XXXX).
+The subject is the session key, as in the ledger: one erasure covers both halves."""
+
 _RETRIES = 5
 
 
@@ -71,6 +113,7 @@ class ErasureReport:
     abandoned: tuple[str, ...]
     erased_at: datetime
     wal_truncated: bool | None
+    sessions: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -78,49 +121,72 @@ class ErasureReport:
             "erasure_id": str(self.erasure_id),
             "destroyed_keys": list(self.destroyed_keys),
             "abandoned": list(self.abandoned),
+            "sessions": list(self.sessions),
             "erased_at": self.erased_at.isoformat(),
             "wal_truncated": self.wal_truncated,
         }
 
 
 def forget_in_ledger(
-    ledger: DeliveryLedger, session_key: str, *, requested_by: str = ""
+    ledger: DeliveryLedger,
+    session_key: str,
+    *,
+    requested_by: str = "",
+    sessions: SessionStore | None = None,
 ) -> ErasureReport:
-    """Abandon the session's unresolved obligations, destroy its key, record the erasure.
+    """Erase both halves of a session: its replies in ``ledger`` and, given the session
+    store (``sessions``, in the same store or another), its conversations.
 
-    Obligations are abandoned before the key goes (so nothing owed is left behind
-    unreadable) and once more after it (for any recorded meanwhile by another process).
+    The open conversation is suspended (the next message starts a fresh session) and
+    unresolved obligations are abandoned before the key goes (nothing owed is left behind
+    unreadable), and abandoned once more after it (any recorded meanwhile by another
+    process). The key is destroyed in the ledger's store and in the session store's; one
+    ``SubjectErased`` event in the ledger records it all.
     """
     require_text("session_key", session_key)
     require_text("requested_by", requested_by, allow_empty=True)
     mapper = ledger.private_mapper
     subject = mapper.keyring.subject_id(session_key)
+    session_ids = sessions.end_for_erasure(session_key) if sessions is not None else []
     abandoned = _abandon_unresolved(ledger, subject)
     destroyed = mapper.keyring.destroy(subject)
+    truncated = getattr(mapper.keyring.table, "last_checkpoint_complete", None)
+    if sessions is not None:
+        ring = sessions.private_mapper.keyring
+        destroyed += [k for k in ring.destroy(ring.subject_id(session_key)) if k not in destroyed]
+        other = getattr(ring.table, "last_checkpoint_complete", None)
+        truncated = (
+            None
+            if truncated is None and other is None
+            else bool((truncated is not False) and (other is not False))
+        )
     abandoned += _abandon_unresolved(ledger, subject)
     erasure = Erasure.record(
+        erasure_id=uuid4(),
         subject_id=subject,
         by=ledger.owner,
         requested_by=requested_by,
         destroyed_keys=destroyed,
         abandoned=abandoned,
+        sessions=session_ids,
         now=ledger.clock(),
     )
     ledger.save(erasure)
-    table = mapper.keyring.table
     report = ErasureReport(
         subject_id=subject,
         erasure_id=erasure.id,
         destroyed_keys=tuple(destroyed),
         abandoned=tuple(abandoned),
         erased_at=erasure.erased_at,
-        wal_truncated=getattr(table, "last_checkpoint_complete", None),
+        wal_truncated=truncated,
+        sessions=tuple(session_ids),
     )
     log.info(
-        "subject %s erased: %d key(s) destroyed, %d obligation(s) abandoned",
+        "subject %s erased: %d key(s) destroyed, %d obligation(s) abandoned, %d session(s)",
         subject,
         len(destroyed),
         len(abandoned),
+        len(session_ids),
     )
     return report
 
@@ -196,19 +262,52 @@ def erasures(ledger: DeliveryLedger) -> list[Erasure]:
             return found
 
 
+def open_sessions_for_erasure(location: str | Path, *, required: bool) -> SessionStore | None:
+    """The session store at ``location`` for erasure, or None if there is none there.
+
+    Opened without creating tables and without the keying check or secret: erasure
+    computes no key from a source, it is given the session key.
+    """
+    from gateway_ledger.application.sessions import SessionStore
+    from gateway_ledger.domain.session_route import SessionKeying
+
+    env = {**store_environment(location), "CREATE_TABLE": "n"}
+    store = SessionStore(env, raw_keys=True, keying_check=False)
+    try:
+        present = SessionKeying.create_id() in store.repository
+    except PersistenceError:
+        present = False  # no session tables in this store
+    if not present:
+        store.close()
+        if required:
+            raise InvalidInput(f"no session store at {location}")
+        return None
+    return store
+
+
 def forget_session(
     location: str | Path,
     session_key: str,
     *,
     requested_by: str = "",
+    sessions: str | Path | None = None,
 ) -> ErasureReport:
-    """Erase a session's personal data in the store at ``location`` (SQLite or PostgreSQL)."""
+    """Erase a session's personal data: the delivery ledger at ``location`` (SQLite or
+    PostgreSQL) and the session store, which is looked for at ``location`` too (same file
+    or schema) unless ``sessions`` names where it lives."""
     from gateway_ledger.application.ledger import DeliveryLedger
 
     if not str(location):
         raise InvalidInput("forget_session needs a store location")
+    session_store = open_sessions_for_erasure(
+        location if sessions is None else sessions, required=sessions is not None
+    )
     ledger = DeliveryLedger.open(location)
     try:
-        return forget_in_ledger(ledger, session_key, requested_by=requested_by)
+        return forget_in_ledger(
+            ledger, session_key, requested_by=requested_by, sessions=session_store
+        )
     finally:
         ledger.close()
+        if session_store is not None:
+            session_store.close()

@@ -5,6 +5,10 @@
 a message; ``history`` reads the newest messages without replaying the whole conversation.
 Every write is one ``save()`` of the aggregates it touches, so it commits atomically and
 optimistic concurrency on their versions decides every race.
+
+Personal fields (message text, who and where, the session key) are sealed at rest under the
+session key's data key, the same subject as the delivery ledger's (``SESSION_PRIVACY``,
+ADR 0012 and ADR XXXX); inbound platform message ids are stored only as keyed hashes.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from eventsourcing.domain import Aggregate
 from eventsourcing.persistence import IntegrityError, Transcoder, Transcoding
 
 from gateway_ledger.application.ledger import VALUE_OBJECTS
+from gateway_ledger.application.privacy import SESSION_PRIVACY
 from gateway_ledger.application.session_views import (
     AppendResult,
     SessionContext,
@@ -56,8 +61,9 @@ from gateway_ledger.domain.session_route import (
 from gateway_ledger.domain.session_source import SessionSource
 from gateway_ledger.domain.values import require_aware, require_text
 from gateway_ledger.infrastructure.clock import Clock, system_clock
+from gateway_ledger.infrastructure.private_mapper import ENCRYPT_ENV, PrivateEvents
 from gateway_ledger.infrastructure.secrets import load_or_create_secret, secret_path
-from gateway_ledger.infrastructure.store import store_environment
+from gateway_ledger.infrastructure.store import opening, store_environment
 from gateway_ledger.infrastructure.transcoder import AttrsTranscoding, OrjsonTranscoder
 
 log = logging.getLogger("gateway_ledger.sessions")
@@ -108,10 +114,15 @@ def random_suffix() -> str:
     return secrets.token_hex(4)
 
 
-class SessionStore(Application[UUID]):
-    """Conversations keyed by where messages come from, surviving restarts."""
+class SessionStore(PrivateEvents, Application[UUID]):
+    """Conversations keyed by where messages come from, surviving restarts.
+
+    Personal fields are encrypted at rest by default, snapshots included; ``encrypt=False``
+    stores new events in clear (upstream compatibility). Reading always decrypts.
+    """
 
     name = SESSIONS_APPLICATION_NAME
+    privacy_policy = SESSION_PRIVACY
     snapshotting_intervals: ClassVar[dict[Any, int]] = {
         Session: 20,
         SessionRoute: 20,
@@ -131,12 +142,19 @@ class SessionStore(Application[UUID]):
         has_active_processes: Callable[[str], bool] | None = None,
         clock: Clock = system_clock,
         new_suffix: Callable[[], str] = random_suffix,
+        encrypt: bool | None = None,
+        keying_check: bool = True,
     ) -> None:
+        """``keying_check=False`` is for maintenance that computes no key from a source
+        (erasure): it neither records nor checks how keys are made."""
         if hasher is None and not raw_keys:
             raise InvalidInput(
                 "pass hasher= (SessionStore.open makes a keyed one) or raw_keys=True"
             )
-        super().__init__(env=dict(env or {}))
+        env = dict(env or {})
+        if encrypt is not None:
+            env[ENCRYPT_ENV] = "y" if encrypt else "n"
+        super().__init__(env=env)
         self.hasher = None if raw_keys else hasher
         self.policies = policies or ResetPolicies()
         self.zone: tzinfo = ZoneInfo(timezone) if isinstance(timezone, str) else timezone
@@ -151,7 +169,9 @@ class SessionStore(Application[UUID]):
         self.clock = clock
         self.new_suffix = new_suffix
         self._pins: dict[str, int] = {}
-        self._check_keying()
+        self._id_hasher: Hasher | None = self.hasher
+        if keying_check:
+            self._check_keying()
 
     @classmethod
     def open(
@@ -170,7 +190,31 @@ class SessionStore(Application[UUID]):
         hasher = None
         if not raw_keys:
             hasher = KeyedHasher(load_or_create_secret(secret_path(location, secret_dir)))
-        return cls(store_environment(location), hasher=hasher, raw_keys=raw_keys, **options)
+        with opening(location):
+            return cls(store_environment(location), hasher=hasher, raw_keys=raw_keys, **options)
+
+    # -- erasure (the session half of ``privacy.forget_session``) ------------------------------
+
+    def sessions_of(self, key: str) -> list[str]:
+        """Every session id the key has had, oldest first (from its route; no key needed)."""
+        found: list[str] = []
+        for e in self.events.get(route_uuid(require_text("session key", key))):
+            session_id = getattr(e, "session_id", None)
+            if isinstance(session_id, str) and session_id not in found:
+                found.append(session_id)
+        return found
+
+    def end_for_erasure(self, key: str, now: Any = None) -> list[str]:
+        """Suspend the key's open session, so the next message starts a fresh one rather
+        than continuing a transcript that reads ``[erased]``. Returns the key's sessions."""
+        now = require_aware("now", self.clock() if now is None else now)
+        sessions = self.sessions_of(key)
+        route = self._get_route(key)
+        if route is not None:
+            session = self._load_session(route.session_id)
+            if not session.ended and not session.suspended:
+                self.suspend(route.session_id, now=now)
+        return sessions
 
     def construct_transcoder(self) -> Transcoder:
         return build_transcoder()
@@ -218,6 +262,18 @@ class SessionStore(Application[UUID]):
     def _chat_scope(self, chat_id: str) -> str:
         return self.hasher(chat_id) if self.hasher else chat_id
 
+    def _inbound_ids(self, chat_id: str, platform_message_id: str) -> tuple[str, str]:
+        """Chat and message id of an inbound message as keyed hashes, never in clear.
+
+        Keyed mode hashes with the session secret; raw-keys mode with a key derived from
+        the master key (it has no session secret). Either way a guess of chat and message
+        id cannot be confirmed without a secret that is not in the store.
+        """
+        if self._id_hasher is None:
+            derived = self.private_mapper.keyring.derived_key("gateway-ledger/inbound-ids/v1")
+            self._id_hasher = KeyedHasher(derived)
+        return self._id_hasher(chat_id), self._id_hasher(platform_message_id)
+
     # -- pinning --------------------------------------------------------------------------------
 
     def pin(self, key: str) -> None:
@@ -247,7 +303,10 @@ class SessionStore(Application[UUID]):
         try:
             return bool(self.has_active_processes(key))
         except Exception as e:  # fail closed: an unknown state keeps the session
-            log.warning("has_active_processes failed (%s); treating the session as pinned", e)
+            log.warning(
+                "has_active_processes failed (%s); treating the session as pinned",
+                type(e).__name__,
+            )
             return True
 
     # -- resolve --------------------------------------------------------------------------------
@@ -264,7 +323,7 @@ class SessionStore(Application[UUID]):
                 if not self._try_save(route, session):
                     continue  # another process opened this key first: join its session
                 log.info("session %s opened", session.session_id)
-                return self._context(session, source, is_new=True)
+                return self._context(key, session, source, is_new=True)
             session = self._load_session(route.session_id)
             decision = decide(
                 pinned=self.is_pinned(key),
@@ -280,12 +339,12 @@ class SessionStore(Application[UUID]):
             )
             if decision.reset_reason is None:
                 return self._context(
-                    session, source, should_auto_continue=decision.should_auto_continue
+                    key, session, source, should_auto_continue=decision.should_auto_continue
                 )
-            successor = self._rotate(route, session, source, decision.reset_reason, now)
+            successor = self._rotate(key, route, session, source, decision.reset_reason, now)
             if successor is None:
                 continue
-            return self._context(successor, source, is_new=True, auto_reset=True)
+            return self._context(key, successor, source, is_new=True, auto_reset=True)
         raise ConcurrentUpdate("SessionRoute", key, "resolve")
 
     def reset(
@@ -318,20 +377,24 @@ class SessionStore(Application[UUID]):
                     raise NotFound("session key", key)
                 return self.resolve(source, now)
             session = self._load_session(route.session_id)
-            successor = self._rotate(route, session, source or session.source, reset_reason, now)
+            successor = self._rotate(
+                key, route, session, source or session.source, reset_reason, now
+            )
             if successor is not None:
-                return self._context(successor, successor.source, is_new=True)
+                return self._context(key, successor, successor.source, is_new=True)
         raise ConcurrentUpdate("SessionRoute", key, "reset")
 
     def _rotate(
         self,
+        key: str,
         route: SessionRoute,
         session: Session,
         source: SessionSource,
         reason: ResetReason,
         now: Any,
     ) -> Session | None:
-        successor = self._new_session(route.key, source, now, session.session_id, reason)
+        # ``key``, not ``route.key``: after an erasure the stored key reads ``[erased]``.
+        successor = self._new_session(key, source, now, session.session_id, reason)
         session.reset(reason=reason, successor_session_id=successor.session_id, now=now)
         route.rotate(session_id=successor.session_id, reason=reason, now=now)
         if not self._try_save(route, session, successor):
@@ -363,6 +426,7 @@ class SessionStore(Application[UUID]):
 
     def _context(
         self,
+        key: str,
         session: Session,
         source: SessionSource,
         *,
@@ -371,7 +435,7 @@ class SessionStore(Application[UUID]):
         should_auto_continue: bool = False,
     ) -> SessionContext:
         return SessionContext(
-            key=session.key,
+            key=key,
             session_id=session.session_id,
             source=source,
             created_at=session.created_at,
@@ -406,10 +470,11 @@ class SessionStore(Application[UUID]):
             )
             marker = None
             if platform_message_id is not None:
+                chat_ref, message_ref = self._inbound_ids(source.chat_id, platform_message_id)
                 marker = InboundMessage.record(
                     platform=source.platform,
-                    chat_scope=self._chat_scope(source.chat_id),
-                    platform_message_id=platform_message_id,
+                    chat_scope=chat_ref,
+                    platform_message_id=message_ref,
                     session_id=session.session_id,
                     seq=seq,
                     now=now,
@@ -439,8 +504,8 @@ class SessionStore(Application[UUID]):
             raise InvalidInput("seen() needs the chat: pass a SessionSource or chat_id=")
         require_text("platform", platform)
         require_text("platform_message_id", platform_message_id)
-        uuid = inbound_uuid(platform, self._chat_scope(str(chat_id)), platform_message_id)
-        return uuid in self.repository
+        chat_ref, message_ref = self._inbound_ids(str(chat_id), platform_message_id)
+        return inbound_uuid(platform, chat_ref, message_ref) in self.repository
 
     def history(self, session_id: str, last: int | None = None) -> list[TranscriptMessage]:
         """The session's messages in order; ``last=N`` reads only the newest N from the store."""
@@ -545,7 +610,8 @@ class SessionStore(Application[UUID]):
 
     def _get(self, uuid: UUID) -> Any:
         try:
-            return self.repository.get(uuid)
+            with self.private_mapper.state_only():  # messages' text is not state: not opened
+                return self.repository.get(uuid)
         except AggregateNotFoundError:
             return None
 

@@ -5,7 +5,10 @@ side by side in one run: two fresh stores, lifecycles interleaved one by one (al
 which mode goes first), each mode's lifecycles timed and summed, so disk and CPU noise from
 a shared machine falls on both modes alike. Two workloads: replies to sessions that
 already have a key (the usual case: a session gets many replies), and a new session for
-every reply (every reply creates and stores a data key: the worst case).
+every reply (every reply creates and stores a data key: the worst case). The session half
+likewise: ``SessionStore.resolve`` + ``append`` of an inbound message (with its platform
+message id, so the dedupe marker is written too), in 10-message conversations and with a
+new conversation per message.
 
     python benchmarks/privacy.py [--quick] [--postgres URL]
 
@@ -20,9 +23,15 @@ import sys
 import tempfile
 import time
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from gateway_ledger.application.ledger import DeliveryLedger
+from gateway_ledger.application.sessions import SessionStore
+from gateway_ledger.domain.session_source import SessionSource
+
+T0 = datetime(2026, 7, 20, tzinfo=UTC)
 
 
 class Lifecycles:
@@ -64,6 +73,44 @@ class Lifecycles:
         return self.i / self.elapsed
 
 
+class Messages:
+    """One session store and a stream of inbound messages: resolve + append, timed."""
+
+    def __init__(self, location: str, *, encrypt: bool, sessions: int | None, secrets: Path):
+        self.store = SessionStore.open(location, secret_dir=secrets, encrypt=encrypt)
+        self.ledger = self.store  # closed like the ledger side
+        self.sessions = sessions
+        self.prefix = uuid.uuid4().hex[:8]
+        self.i = 0
+        self.elapsed = 0.0
+        for s in range(sessions or 1):  # warm-up: tables, routes, reused sessions' keys
+            self._message(f"warm-{s}", s)
+
+    def _message(self, mid: str, s: int) -> None:
+        source = SessionSource(
+            platform="telegram",
+            chat_id=f"{self.prefix}{s}",
+            chat_type="group",
+            chat_name="Example family",
+            user_id=f"7{s}",
+            user_name="Alice Example",
+        )
+        now = T0 + timedelta(seconds=self.i)
+        ctx = self.store.resolve(source, now)
+        self.store.append(ctx, "user", f"question {mid}: " + "lorem ipsum " * 20, mid, now=now)
+
+    def one(self) -> None:
+        i = self.i
+        self.i += 1
+        s = i % self.sessions if self.sessions else i + 1
+        started = time.perf_counter()
+        self._message(f"in-{i}", s)
+        self.elapsed += time.perf_counter() - started
+
+    def rate(self) -> float:
+        return self.i / self.elapsed
+
+
 def new_location(base: Path, postgres: str | None, tag: str) -> str:
     if postgres:
         sep = "&" if "?" in postgres else "?"
@@ -93,18 +140,28 @@ def main(argv: list[str] | None = None) -> int:
     base = Path(tempfile.mkdtemp(prefix="gl-privacy-bench-"))
     os.environ.setdefault("GATEWAY_LEDGER_KEY_DIR", str(base / "keys"))
     stores = [("sqlite", None)] + ([("postgresql", args.postgres)] if args.postgres else [])
-    workloads = [("10 replies per session", n // 10), ("new session per reply", None)]
-    print(f"record -> attempting -> delivered, {n} lifecycles per mode, interleaved one by one")
+    secrets = base / "secrets"
+    workloads: list[tuple[str, str, int | None, Any]] = [
+        ("ledger", "10 replies per session", n // 10, Lifecycles),
+        ("ledger", "new session per reply", None, Lifecycles),
+        ("sessions", "10 messages per session", n // 10, Messages),
+        ("sessions", "new session per message", None, Messages),
+    ]
+    print(
+        f"ledger: record -> attempting -> delivered; sessions: resolve + append; {n} "
+        "operations per mode, interleaved one by one"
+    )
     print()
-    print("| store | workload | clear (lifecycles/s) | encrypted (lifecycles/s) | overhead |")
-    print("| --- | --- | ---: | ---: | ---: |")
+    print("| store | half | workload | clear (ops/s) | encrypted (ops/s) | overhead |")
+    print("| --- | --- | --- | ---: | ---: | ---: |")
     worst = 0.0
     for store, url in stores:
-        for label, sessions in workloads:
+        for half, label, sessions, kind in workloads:
             locations = [new_location(base, url, "clr"), new_location(base, url, "enc")]
+            extra = {"secrets": secrets} if kind is Messages else {}
             try:
-                clear = Lifecycles(locations[0], encrypt=False, sessions=sessions)
-                sealed = Lifecycles(locations[1], encrypt=True, sessions=sessions)
+                clear = kind(locations[0], encrypt=False, sessions=sessions, **extra)
+                sealed = kind(locations[1], encrypt=True, sessions=sessions, **extra)
                 # Alternate which goes first, so disk and CPU noise falls on both alike.
                 for i in range(n):
                     pair = (clear, sealed) if i % 2 == 0 else (sealed, clear)
@@ -118,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             overhead = (clear.rate() - sealed.rate()) / clear.rate() * 100
             worst = max(worst, overhead)
             print(
-                f"| {store} | {label} | {clear.rate():,.0f} | {sealed.rate():,.0f} "
+                f"| {store} | {half} | {label} | {clear.rate():,.0f} | {sealed.rate():,.0f} "
                 f"| {overhead:+.1f}% |",
                 flush=True,
             )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from uuid import UUID, uuid4
+from uuid import UUID
 
 from eventsourcing.domain import Aggregate, event
 
@@ -25,34 +25,38 @@ class Erasure(Aggregate):
     requested_by: str
     destroyed_keys: list[str]
     abandoned: list[str]
+    sessions: list[str]
     erased_at: datetime
-
-    @staticmethod
-    def create_id() -> UUID:
-        return uuid4()
 
     @classmethod
     def record(
         cls,
         *,
+        erasure_id: UUID,
         subject_id: str,
         by: OwnerIdentity,
         requested_by: str,
         destroyed_keys: Sequence[str],
         abandoned: Sequence[str],
         now: datetime,
+        sessions: Sequence[str] = (),
     ) -> Erasure:
         require_text("subject_id", subject_id)
         if not isinstance(by, OwnerIdentity):
             raise InvalidInput("by must be an OwnerIdentity")
         require_text("requested_by", requested_by, allow_empty=True)
         require_aware("now", now)
-        return cls(
+        if not isinstance(erasure_id, UUID):
+            raise InvalidInput("erasure_id must be a UUID")
+        return cls._create(
+            cls.SubjectErased,  # type: ignore[attr-defined]
+            id=erasure_id,
             subject_id=subject_id,
             by=by,
             requested_by=requested_by,
             destroyed_keys=[require_text("key id", k) for k in destroyed_keys],
             abandoned=[require_text("obligation id", o) for o in abandoned],
+            sessions=[require_text("session id", s) for s in sessions],
             timestamp=now,
         )
 
@@ -65,10 +69,12 @@ class Erasure(Aggregate):
         destroyed_keys: list[str],
         abandoned: list[str],
         timestamp: datetime,
+        sessions: list[str] | None = None,
     ) -> None:
         self.subject_id = subject_id
         self.by = by
         self.requested_by = requested_by
         self.destroyed_keys = list(destroyed_keys)
         self.abandoned = list(abandoned)
+        self.sessions = list(sessions or ())  # the erased conversations (none before v2)
         self.erased_at = timestamp

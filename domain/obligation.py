@@ -1,8 +1,8 @@
 """The DeliveryObligation aggregate: one final reply the gateway owes a user.
 
 Commands (``record``, ``start_attempt``, ``confirm_delivery``, ``fail``, ``claim``,
-``abandon``) validate and decide; the ``@event`` methods only mutate, because they are
-re-run every time the aggregate is reloaded from its events.
+``request_retry``, ``abandon``) validate and decide; the ``@event`` methods only mutate,
+because they are re-run every time the aggregate is reloaded from its events.
 """
 
 from __future__ import annotations
@@ -451,6 +451,40 @@ class DeliveryObligation(Aggregate):
         # The claimer sends at once: from here on a send may have started.
         self.arrived_before_this_send = needs_marker
         self.may_have_arrived = True
+        self.last_transition_at = timestamp
+
+    def request_retry(self, *, by: OwnerIdentity, now: datetime, requested_by: str = "") -> None:
+        """An operator asks for another try: any gateway's next sweep may claim it at once.
+
+        The operator becomes the owner (so the previous owner is fenced out and the sweep
+        never asks whether it is alive), the recovery budget starts again, and the marker
+        flag is kept: a re-send after a send that may have arrived is still labelled.
+        """
+        require_aware("now", now)
+        self._require_state("retry requested", *UNRESOLVED_STATES)
+        require_text("requested_by", requested_by, allow_empty=True)
+        self._retry_requested(
+            by=by,
+            previous_owner=self.owner,
+            requested_by=requested_by,
+            fence=self.fence + 1,
+            timestamp=now,
+        )
+
+    @event("RetryRequested")
+    def _retry_requested(
+        self,
+        by: OwnerIdentity,
+        previous_owner: OwnerIdentity,
+        requested_by: str,
+        fence: int,
+        timestamp: datetime,
+    ) -> None:
+        self.state = ObligationState.PENDING
+        self.owner = by
+        self.fence = fence
+        self.recovery_attempts = 0
+        self.retry_after = None
         self.last_transition_at = timestamp
 
     def abandon(

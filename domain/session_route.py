@@ -84,7 +84,10 @@ class SessionRoute(Aggregate):
 
 class InboundMessage(Aggregate):
     """A platform message id already taken into a session: the same id never starts a second
-    turn, across restarts. Created in the same transaction as the message it marks."""
+    turn, across restarts. Created in the same transaction as the message it marks.
+
+    ``chat_scope`` and ``platform_message_id`` are what the application passes: the
+    SessionStore passes keyed hashes, so no raw platform id is stored (ADR XXXX)."""
 
     platform: str
     platform_message_id: str

@@ -14,9 +14,25 @@ import os
 import sys
 from collections.abc import Sequence
 
+from eventsourcing.persistence import PersistenceError
+
 from gateway_ledger.domain.errors import LedgerError
 
-COMMAND_MODULES: tuple[str, ...] = ("demo", "simulate", "forget")
+COMMAND_MODULES: tuple[str, ...] = (
+    "demo",
+    "simulate",
+    "status",
+    "listing",
+    "history",
+    "retry",
+    "abandon",
+    "sweep",
+    "audit",
+    "projections",
+    "sessions",  # before "forget", which adds itself to the sessions command
+    "forget",
+    "metrics",
+)
 
 DB_ENV = "GATEWAY_LEDGER_DB"
 DEFAULT_DB = "gateway-ledger.db"
@@ -65,6 +81,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return 0
+    except (PersistenceError, OSError) as e:
+        print(
+            f"gateway-ledger: store error: {type(e).__name__}: {e}".splitlines()[0], file=sys.stderr
+        )
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,1 +1,61 @@
-"""gateway-ledger: the session and delivery layer of a chat-agent gateway."""
+"""gateway-ledger: the session and delivery layer of a chat-agent gateway.
+
+The names below are the public API; each is imported on first use, so
+``import gateway_ledger`` stays cheap and the layers can import each other freely.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS: dict[str, str] = {
+    # delivery
+    "DeliveryLedger": "gateway_ledger.application.ledger",
+    "compute_obligation_id": "gateway_ledger.domain.obligation",
+    "ObligationStatus": "gateway_ledger.application.views",
+    "HistoryEntry": "gateway_ledger.application.views",
+    "ErrorClass": "gateway_ledger.domain.values",
+    "AbandonReason": "gateway_ledger.domain.values",
+    "MediaItem": "gateway_ledger.domain.values",
+    "LedgerPolicy": "gateway_ledger.domain.values",
+    "OwnerIdentity": "gateway_ledger.domain.values",
+    # the gateway's delivery path
+    "Gateway": "gateway_ledger.application.gateway",
+    "PlatformAdapter": "gateway_ledger.application.ports",
+    "AdapterBase": "gateway_ledger.application.ports",
+    "SendResult": "gateway_ledger.application.ports",
+    "Reply": "gateway_ledger.application.ports",
+    "ReplyContext": "gateway_ledger.application.ports",
+    # sessions
+    "SessionStore": "gateway_ledger.application.sessions",
+    "SessionSource": "gateway_ledger.domain.session_source",
+    "build_session_key": "gateway_ledger.domain.session_key",
+    "is_path_unsafe": "gateway_ledger.domain.session_key",
+    "is_session_key_unsafe": "gateway_ledger.domain.session_key",
+    "hash_id": "gateway_ledger.domain.hashing",
+    "hash_sender_id": "gateway_ledger.domain.hashing",
+    "hash_chat_id": "gateway_ledger.domain.hashing",
+    # errors
+    "LedgerError": "gateway_ledger.domain.errors",
+    "InvalidInput": "gateway_ledger.domain.errors",
+    "IllegalTransition": "gateway_ledger.domain.errors",
+    "NotFound": "gateway_ledger.domain.errors",
+    "ConcurrentUpdate": "gateway_ledger.domain.errors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module = _EXPORTS[name]
+    except KeyError:
+        raise AttributeError(f"module 'gateway_ledger' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

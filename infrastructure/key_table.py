@@ -6,7 +6,8 @@ rows so that no copy survives in the store's files: on SQLite with ``secure_dele
 and a WAL checkpoint that truncates the log; on PostgreSQL with ``VACUUM FULL``, which
 rewrites the table (the server's WAL and backups are outside our reach, see ADR 0012).
 
-Key rows are written before the events that use them. On SQLite they commit with
+Key rows are written before the events that use them, each table on a private
+connection of its own (one round trip per statement). On SQLite they commit with
 ``synchronous=NORMAL`` and on PostgreSQL with ``synchronous_commit=off``: both logs are
 sequential, so the fsync of the event's own commit makes the earlier key row durable
 too, and a new subject costs no extra fsync.
@@ -33,6 +34,7 @@ class KeyTable(Protocol):
     def destroy(self, subject_id: str) -> list[str]: ...
     def rows(self) -> list[tuple[str, str, bytes]]: ...
     def originators_mentioning(self, topics: Sequence[str], needle: bytes) -> list[str]: ...
+    def close(self) -> None: ...
 
 
 class SQLiteKeyTable:
@@ -180,125 +182,152 @@ class SQLiteKeyTable:
 
 
 class PostgresKeyTable:
-    """The key table in the store's schema, through the library's connection pool."""
+    """The key table in the store's schema, through one private autocommit connection.
+
+    Not through the library's pool: a pool checkout pings the server and wraps each
+    statement in BEGIN/COMMIT, four round trips where one does. The connection commits
+    with ``synchronous_commit=off`` (the event's own commit makes the key row durable, see
+    the module docstring); the erasure turns it back on for its DELETE.
+    """
 
     def __init__(self, datastore: Any, events_table: str) -> None:
         from psycopg import sql
 
-        self.datastore = datastore
         self.sql = sql
         schema = datastore.schema
+        self.connect_kwargs = dict(datastore.pool.kwargs)
+        self.connect_kwargs.pop("row_factory", None)
+        get_password = getattr(datastore.pool, "get_password_func", None)
+        if get_password is not None:
+            self.connect_kwargs["password"] = get_password()
         self.keys = sql.Identifier(schema, KEYS_TABLE)
         self.meta = sql.Identifier(schema, META_TABLE)
         self.events = sql.Identifier(schema, events_table)
-        self._ready = False
+        self._conn: Any = None
+        self._lock = threading.Lock()
 
-    def _ensure(self) -> None:
-        if self._ready:
-            return
-        sql = self.sql
-        with self.datastore.transaction(commit=True) as cur:
-            cur.execute(
-                sql.SQL(
-                    "CREATE TABLE IF NOT EXISTS {} (key_id TEXT PRIMARY KEY, subject_id TEXT "
-                    "NOT NULL UNIQUE, wrapped BYTEA NOT NULL, created_at TEXT NOT NULL)"
-                ).format(self.keys)
-            )
-            cur.execute(
-                sql.SQL(
-                    "CREATE TABLE IF NOT EXISTS {} (name TEXT PRIMARY KEY, value TEXT NOT NULL)"
-                ).format(self.meta)
-            )
-        self._ready = True
+    def _connection(self) -> Any:
+        if self._conn is None or self._conn.closed:
+            import psycopg
 
-    def _read(self, statement: Any, params: Sequence[Any]) -> list[Any]:
-        self._ensure()
-        with self.datastore.transaction(commit=False) as cur:
-            cur.execute(statement, params)
-            return list(cur.fetchall())
+            conn = psycopg.connect(**self.connect_kwargs, autocommit=True, connect_timeout=10)
+            conn.execute("SET synchronous_commit TO OFF")
+            sql = self.sql
+            # Two processes opening a new store at once would race in the catalog ("tuple
+            # concurrently updated"): serialise the creation on a transaction-level lock.
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(hashtext('gateway_ledger_keys'))")
+                conn.execute(
+                    sql.SQL(
+                        "CREATE TABLE IF NOT EXISTS {} (key_id TEXT PRIMARY KEY, subject_id "
+                        "TEXT NOT NULL UNIQUE, wrapped BYTEA NOT NULL, created_at TEXT NOT NULL)"
+                    ).format(self.keys)
+                )
+                conn.execute(
+                    sql.SQL(
+                        "CREATE TABLE IF NOT EXISTS {} (name TEXT PRIMARY KEY, value TEXT NOT NULL)"
+                    ).format(self.meta)
+                )
+            self._conn = conn
+        return self._conn
+
+    def _run(self, statement: Any, params: Sequence[Any]) -> tuple[int, list[Any]]:
+        """One statement, one round trip; a broken connection is reopened once."""
+        import psycopg
+
+        with self._lock:
+            for attempt in (1, 2):
+                try:
+                    cur = self._connection().execute(statement, params)
+                    rows = list(cur.fetchall()) if cur.description else []
+                    return cur.rowcount, rows
+                except psycopg.OperationalError:
+                    if attempt == 2 or self._conn is None or not self._conn.closed:
+                        raise
+                    self._conn = None
+        raise AssertionError("unreachable")
 
     def get_meta(self, name: str) -> str | None:
-        rows = self._read(
+        _, rows = self._run(
             self.sql.SQL("SELECT value FROM {} WHERE name=%s").format(self.meta), (name,)
         )
-        return str(rows[0]["value"]) if rows else None
+        return str(rows[0][0]) if rows else None
 
     def put_meta_once(self, name: str, value: str) -> str:
-        self._ensure()
-        with self.datastore.transaction(commit=True) as cur:
-            cur.execute(
-                self.sql.SQL("INSERT INTO {} VALUES (%s, %s) ON CONFLICT DO NOTHING").format(
-                    self.meta
-                ),
-                (name, value),
-            )
+        self._run(
+            self.sql.SQL("INSERT INTO {} VALUES (%s, %s) ON CONFLICT DO NOTHING").format(self.meta),
+            (name, value),
+        )
         stored = self.get_meta(name)
         assert stored is not None
         return stored
 
     def find(self, subject_id: str) -> tuple[str, bytes] | None:
-        rows = self._read(
+        _, rows = self._run(
             self.sql.SQL("SELECT key_id, wrapped FROM {} WHERE subject_id=%s").format(self.keys),
             (subject_id,),
         )
-        return (str(rows[0]["key_id"]), bytes(rows[0]["wrapped"])) if rows else None
+        return (str(rows[0][0]), bytes(rows[0][1])) if rows else None
 
     def get(self, subject_id: str, key_id: str) -> bytes | None:
-        rows = self._read(
+        _, rows = self._run(
             self.sql.SQL("SELECT wrapped FROM {} WHERE subject_id=%s AND key_id=%s").format(
                 self.keys
             ),
             (subject_id, key_id),
         )
-        return bytes(rows[0]["wrapped"]) if rows else None
+        return bytes(rows[0][0]) if rows else None
 
     def insert(self, key_id: str, subject_id: str, wrapped: bytes, created_at: str) -> bool:
-        self._ensure()
-        with self.datastore.transaction(commit=True) as cur:
-            cur.execute("SET LOCAL synchronous_commit TO OFF")
-            cur.execute(
-                self.sql.SQL(
-                    "INSERT INTO {} (subject_id, key_id, wrapped, created_at) "
-                    "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING"
-                ).format(self.keys),
-                (subject_id, key_id, wrapped, created_at),
-            )
-            return bool(cur.rowcount == 1)
+        count, _ = self._run(
+            self.sql.SQL(
+                "INSERT INTO {} (subject_id, key_id, wrapped, created_at) "
+                "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING"
+            ).format(self.keys),
+            (subject_id, key_id, wrapped, created_at),
+        )
+        return count == 1
 
     def destroy(self, subject_id: str) -> list[str]:
-        self._ensure()
-        with self.datastore.transaction(commit=True) as cur:
-            cur.execute(
-                self.sql.SQL("DELETE FROM {} WHERE subject_id=%s RETURNING key_id").format(
-                    self.keys
-                ),
-                (subject_id,),
-            )
-            ids = [str(r["key_id"]) for r in cur.fetchall()]
-        with self.datastore.get_connection() as conn:  # autocommit: VACUUM runs outside a tx
-            conn.execute(self.sql.SQL("VACUUM FULL {}").format(self.keys))
+        """Delete durably, then rewrite the table so no dead tuple keeps the wrapped key."""
+        sql = self.sql
+        with self._lock:
+            conn = self._connection()
+            conn.execute("SET synchronous_commit TO ON")
+            try:
+                cur = conn.execute(
+                    sql.SQL("DELETE FROM {} WHERE subject_id=%s RETURNING key_id").format(
+                        self.keys
+                    ),
+                    (subject_id,),
+                )
+                ids = [str(r[0]) for r in cur.fetchall()]
+                conn.execute(sql.SQL("VACUUM FULL {}").format(self.keys))
+            finally:
+                conn.execute("SET synchronous_commit TO OFF")
         return ids
 
     def rows(self) -> list[tuple[str, str, bytes]]:
-        return [
-            (str(r["key_id"]), str(r["subject_id"]), bytes(r["wrapped"]))
-            for r in self._read(
-                self.sql.SQL("SELECT key_id, subject_id, wrapped FROM {}").format(self.keys), ()
-            )
-        ]
+        _, rows = self._run(
+            self.sql.SQL("SELECT key_id, subject_id, wrapped FROM {}").format(self.keys), ()
+        )
+        return [(str(a), str(b), bytes(c)) for a, b, c in rows]
 
     def originators_mentioning(self, topics: Sequence[str], needle: bytes) -> list[str]:
-        rows = self._read(
+        _, rows = self._run(
             self.sql.SQL(
                 "SELECT DISTINCT originator_id FROM {} "
                 "WHERE topic = ANY(%s) AND position(%s::bytea in state) > 0"
             ).format(self.events),
             (list(topics), needle),
         )
-        return [str(r["originator_id"]) for r in rows]
+        return [str(r[0]) for r in rows]
 
     def close(self) -> None:
-        pass
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
 
 
 def key_table_for(recorder: Any) -> KeyTable:

@@ -99,6 +99,7 @@ class KeyRing:
         self._init_lock = threading.Lock()
         self._wrap: AESGCM | None = None
         self._name_key = b""
+        self._master_for_derivation: bytes | None = None
         self._names: dict[str, str] = {}  # session key -> subject id (pure function, cached)
         _keyrings.add(self)
 
@@ -126,7 +127,15 @@ class KeyRing:
                 )
             self._wrap = AESGCM(derive(master, "gateway-ledger/wrap-data-keys/v1"))
             self._name_key = derive(master, "gateway-ledger/subject-id/v1")
+            self._master_for_derivation = master
             self._table = table
+
+    def derived_key(self, purpose: str) -> bytes:
+        """A key for another keyed-hash purpose, derived from the master key (never stored)."""
+        if self._table is None:
+            self._setup()
+        assert self._master_for_derivation is not None
+        return derive(self._master_for_derivation, purpose)
 
     # -- subjects ---------------------------------------------------------------------------
 

@@ -7,6 +7,8 @@ missing, so several installations (or test runs) can share one database.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from urllib.parse import parse_qs, unquote, urlparse
 
 import psycopg
@@ -54,6 +56,24 @@ def ensure_schema(params: dict[str, str]) -> None:
         conn.execute(
             sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(params["schema"]))
         )
+
+
+_CREATION_LOCK = 0x6761_7465  # "gate": one advisory lock id for all table creation
+
+
+@contextmanager
+def creation_lock(url: str) -> Iterator[None]:
+    """Serialise table creation across processes opening a new schema at once.
+
+    PostgreSQL's ``CREATE TABLE IF NOT EXISTS`` is not safe against a concurrent twin
+    (it fails with "tuple concurrently updated" or a pg_type unique violation).
+    """
+    with connect(parse_postgres_url(url)) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", (_CREATION_LOCK,))
+        try:
+            yield
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (_CREATION_LOCK,))
 
 
 def postgres_environment(url: str) -> dict[str, str]:

@@ -12,6 +12,10 @@ hashes) stays in clear: projections, sweeps and audits never need a key.
 Declaring a new event type private is one line in a policy::
 
     SealedEvent(Session.MessageAppended, ("content", "source.user_name"))
+
+and an aggregate whose state keeps personal data seals it in its snapshots too::
+
+    SealedSnapshot(Session, ("key", "source.user_name"))
 """
 
 from __future__ import annotations
@@ -20,13 +24,15 @@ import base64
 import contextlib
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import Any, ClassVar
 from uuid import UUID
 
 import attrs
 import orjson
 from cryptography.exceptions import InvalidTag
+from eventsourcing.domain import Snapshot
 from eventsourcing.persistence import (
     Mapper,
     MapperDeserialisationError,
@@ -48,6 +54,7 @@ SEALED = "_sealed_"
 ENCRYPT_ENV = "GATEWAY_LEDGER_ENCRYPT"
 _OFF = {"0", "n", "no", "false", "off"}
 _MAX_REMEMBERED = 100_000
+_STATE_ONLY: ContextVar[bool] = ContextVar("gateway_ledger_state_only", default=False)
 
 
 @attrs.frozen
@@ -55,27 +62,48 @@ class SealedEvent:
     """One event type's personal fields (``a`` or ``a.b`` for an attrs value's field).
 
     ``subject_from`` names the field that holds the session key on an aggregate's first
-    event; later events of the aggregate inherit its subject.
+    event; later events of the aggregate inherit its subject. ``state_free``: the
+    aggregate keeps none of these fields in its state (a transcript message), so loading
+    the aggregate need not decrypt them (see ``PrivateMapper.state_only``).
     """
 
     event: type
     fields: tuple[str, ...]
     subject_from: str | None = None
+    state_free: bool = False
 
     @property
     def topic(self) -> str:
         return get_topic(self.event)
 
 
+@attrs.frozen
+class SealedSnapshot:
+    """The personal attributes of an aggregate's state, sealed in its snapshots.
+
+    A snapshot is a copy of state that events put there, so it holds the same personal
+    data as they do; after erasure it shows the same placeholders as a replay would.
+    """
+
+    aggregate: type
+    fields: tuple[str, ...]
+
+    @property
+    def topic(self) -> str:
+        return get_topic(self.aggregate)
+
+
 class PrivacyPolicy:
     """Which events carry personal data, and where; the rest is stored as is."""
 
-    def __init__(self, *events: SealedEvent) -> None:
-        self.events = events
-        self.by_topic: dict[str, SealedEvent] = {e.topic: e for e in events}
+    def __init__(self, *events: SealedEvent | SealedSnapshot) -> None:
+        self.events = tuple(e for e in events if isinstance(e, SealedEvent))
+        self.snapshots = tuple(e for e in events if isinstance(e, SealedSnapshot))
+        self.by_topic: dict[str, SealedEvent] = {e.topic: e for e in self.events}
+        self.snapshot_by_topic: dict[str, SealedSnapshot] = {s.topic: s for s in self.snapshots}
 
-    def extended(self, *events: SealedEvent) -> PrivacyPolicy:
-        return PrivacyPolicy(*self.events, *events)
+    def extended(self, *events: SealedEvent | SealedSnapshot) -> PrivacyPolicy:
+        return PrivacyPolicy(*self.events, *self.snapshots, *events)
 
     @property
     def subject_topics(self) -> list[str]:
@@ -94,6 +122,20 @@ def placeholder(value: Any) -> Any:
 
 def _is_empty(value: Any) -> bool:
     return value is None or (isinstance(value, str | list | tuple | dict) and not value)
+
+
+def _with_placeholders(value: Any, changes: dict[str, Any]) -> Any:
+    """A copy of an attrs value with some fields replaced, skipping its validators.
+
+    Only for the stored copy's placeholders (``[erased]``, ``None``, empty), which a
+    validator may not expect; ``attrs.evolve`` would also cost ~5 us per event here.
+    """
+    cls = type(value)
+    copy = object.__new__(cls)
+    for field in attrs.fields(cls):
+        name = field.name
+        object.__setattr__(copy, name, changes[name] if name in changes else getattr(value, name))
+    return copy
 
 
 def _aad(subject: str, key_id: str, originator_id: Any, version: int, topic: str) -> bytes:
@@ -148,9 +190,30 @@ class PrivateMapper(Mapper[UUID]):
         class_version = getattr(type(domain_event), "class_version", 1)
         if class_version > 1:
             state["class_version"] = class_version
-        spec = self.policy.by_topic.get(topic) if self.encrypt else None
-        if spec is not None:
-            self._seal(spec, state, originator_id, originator_version, topic)
+        if self.encrypt:
+            if isinstance(domain_event, Snapshot):
+                shot = self.policy.snapshot_by_topic.get(state["topic"])
+                if shot is not None:
+                    subject = self.subject_of(originator_id)
+                    if subject is not None:  # else: its events were stored in clear
+                        state["state"] = dict(state["state"])
+                        envelope = self._seal(
+                            shot.fields,
+                            state["state"],
+                            subject,
+                            originator_id,
+                            originator_version,
+                            topic,
+                        )
+                        state[SEALED] = envelope
+            else:
+                spec = self.policy.by_topic.get(topic)
+                if spec is not None:
+                    found = self._subject_for(spec, state, originator_id)
+                    if found is not None:
+                        state[SEALED] = self._seal(
+                            spec.fields, state, found, originator_id, originator_version, topic
+                        )
         return StoredEvent(
             originator_id=originator_id,
             originator_version=originator_version,
@@ -158,21 +221,31 @@ class PrivateMapper(Mapper[UUID]):
             state=self.transcoder.encode(state),
         )
 
-    def _seal(
-        self, spec: SealedEvent, state: dict[str, Any], originator_id: Any, version: int, topic: str
-    ) -> None:
+    def _subject_for(
+        self, spec: SealedEvent, state: dict[str, Any], originator_id: Any
+    ) -> str | None:
         if spec.subject_from:
             subject = self.keyring.subject_id(str(state[spec.subject_from]))
             self._remember(str(originator_id), subject)
-        else:
-            found = self.subject_of(originator_id)
-            if found is None:
-                log.debug("aggregate %s has no subject (stored in clear before)", originator_id)
-                return
-            subject = found
+            return subject
+        found = self.subject_of(originator_id)
+        if found is None:
+            log.debug("aggregate %s has no subject (stored in clear before)", originator_id)
+        return found
+
+    def _seal(
+        self,
+        fields: tuple[str, ...],
+        state: dict[str, Any],
+        subject: str,
+        originator_id: Any,
+        version: int,
+        topic: str,
+    ) -> dict[str, str]:
+        """Move the fields' values out of ``state`` into one ciphertext; return the envelope."""
         secret: dict[str, Any] = {}
         nested: dict[str, dict[str, Any]] = {}
-        for path in spec.fields:
+        for path in fields:
             head, _, attr = path.partition(".")
             if attr:
                 holder = state.get(head)
@@ -186,7 +259,7 @@ class PrivateMapper(Mapper[UUID]):
                     secret[path] = value
                     state[head] = placeholder(value)
         for head, changes in nested.items():
-            state[head] = attrs.evolve(state[head], **changes)
+            state[head] = _with_placeholders(state[head], changes)
         envelope: dict[str, str] = {"s": subject}
         if secret:
             key_id, aead = self.keyring.sealing_key(subject)
@@ -198,9 +271,24 @@ class PrivateMapper(Mapper[UUID]):
             )
             envelope["k"] = key_id
             envelope["c"] = base64.b64encode(nonce + sealed).decode("ascii")
-        state[SEALED] = envelope
+        return envelope
 
     # -- reading ----------------------------------------------------------------------------
+
+    @staticmethod
+    @contextlib.contextmanager
+    def state_only() -> Iterator[None]:
+        """Within: events declared ``state_free`` keep their placeholders (not decrypted).
+
+        For rebuilding an aggregate, which never reads those fields: a session's load
+        then costs no decryption per transcript message. Readers of the fields (history,
+        exports) read outside this context and get them opened.
+        """
+        token = _STATE_ONLY.set(True)
+        try:
+            yield
+        finally:
+            _STATE_ONLY.reset(token)
 
     def to_domain_event(self, stored_event: StoredEvent) -> Any:
         cls = resolve_topic(stored_event.topic)
@@ -214,8 +302,14 @@ class PrivateMapper(Mapper[UUID]):
             )
             raise MapperDeserialisationError(msg) from e
         envelope = event_state.pop(SEALED, None)
+        if envelope is not None and _STATE_ONLY.get():
+            spec = self.policy.by_topic.get(stored_event.topic)
+            if spec is not None and spec.state_free:
+                self._remember(str(stored_event.originator_id), envelope["s"])
+                envelope = None
         if envelope is not None:
-            self._open(envelope, event_state, stored_event)
+            target = event_state["state"] if issubclass(cls, Snapshot) else event_state
+            self._open(envelope, target, stored_event)
         id_convertor = find_id_convertor(cls, type(stored_event.originator_id))  # type: ignore[arg-type]
         event_state["originator_id"] = id_convertor(stored_event.originator_id)
         event_state["originator_version"] = stored_event.originator_version
@@ -307,3 +401,10 @@ class PrivateEvents:
         mapper = self.mapper  # type: ignore[attr-defined]
         assert isinstance(mapper, PrivateMapper)
         return mapper
+
+    def close(self) -> None:
+        """Close the key table's private connection too (then the store's)."""
+        table = self.private_mapper.keyring._table
+        if table is not None:
+            table.close()
+        super().close()  # type: ignore[misc]

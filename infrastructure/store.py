@@ -6,6 +6,8 @@ SQLite is the default, embedded store. The same applications run on PostgreSQL w
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from gateway_ledger.domain.errors import InvalidInput
@@ -32,6 +34,19 @@ def sqlite_environment(
         "SQLITE_DBNAME": str(db),
         "SQLITE_LOCK_TIMEOUT": str(busy_timeout),
     }
+
+
+@contextmanager
+def opening(location: str | Path) -> Iterator[None]:
+    """Hold while an application creates its tables: concurrent first opens must not race."""
+    text = str(location)
+    if not is_postgres_url(text):
+        yield  # SQLite serialises schema changes itself (busy timeout)
+        return
+    from gateway_ledger.infrastructure.postgres import creation_lock
+
+    with creation_lock(text):
+        yield
 
 
 def store_environment(location: str | Path) -> dict[str, str]:

@@ -18,6 +18,7 @@ from typing import Any
 
 import attrs
 from eventsourcing.application import Application
+from eventsourcing.utils import get_topic
 
 from gateway_ledger.domain.obligation import DeliveryObligation
 from gateway_ledger.domain.values import ObligationState, OwnerIdentity
@@ -84,6 +85,7 @@ _COLUMNS = (
 _OWNER_MOVES = {
     "Attempting": ObligationState.ATTEMPTING,
     "Claimed": ObligationState.CLAIMED,
+    "RetryRequested": ObligationState.PENDING,  # an operator's retry: claimable at once
 }
 _STATE_ONLY = {"Failed": ObligationState.FAILED}
 _LEAVES = {"Delivered", "Abandoned"}
@@ -97,6 +99,7 @@ class RecoverableObligations:
     """The projection (tables + event handling) and its runner, as one object."""
 
     name = VIEW_NAME
+    topic_prefix = get_topic(DeliveryObligation) + "."  # only obligations' events
 
     def __init__(self, app: Application[Any]) -> None:
         self.runner = ProjectionRunner(app, self)
@@ -162,7 +165,7 @@ class RecoverableObligations:
         elif kind in _LEAVES:
             cursor.execute(sql(f"DELETE FROM {self.table} WHERE aggregate_id = ?"), (aggregate_id,))
         elif kind in _OWNER_MOVES:
-            attempts = getattr(event, "recovery_attempt", None)
+            attempts = 0 if kind == "RetryRequested" else getattr(event, "recovery_attempt", None)
             cursor.execute(
                 sql(
                     f"UPDATE {self.table} SET state = ?, owner_host = ?, owner_boot_id = ?, "

@@ -44,6 +44,10 @@ class Projection(Protocol):
     def clear(self, cursor: Cursor, dialect: SqlDialect) -> None: ...
 
 
+# A projection may set ``topic_prefix``: notifications whose topic does not start with it
+# are skipped without being decoded (another application's events, in a shared table).
+
+
 class ProjectionRunner:
     """Pulls an application's notifications into one projection; see the module docstring."""
 
@@ -145,7 +149,11 @@ class ProjectionRunner:
     def _apply_batch(self, notifications: Sequence[Notification]) -> tuple[int, int]:
         """Decode outside the lock; apply the part still ahead of the position, atomically."""
         mapper = self.app.mapper
-        events = [(n.id, mapper.to_domain_event(n)) for n in notifications]
+        # On SQLite several applications share one events table: decode only our topics.
+        prefix = getattr(self.projection, "topic_prefix", "")
+        events = [
+            (n.id, mapper.to_domain_event(n)) for n in notifications if n.topic.startswith(prefix)
+        ]
         last_id = notifications[-1].id
         with self.dialect.write_transaction() as c:
             current = self._read_position(c, lock=True)

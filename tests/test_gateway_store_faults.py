@@ -15,6 +15,7 @@ from gateway_ledger.application.ledger import DeliveryLedger
 from gateway_ledger.application.ports import Reply, ReplyContext
 from gateway_ledger.domain.errors import ConcurrentUpdate
 from gateway_ledger.domain.obligation import compute_obligation_id
+from gateway_ledger.infrastructure.event_append import appender_for
 from gateway_ledger.infrastructure.group_commit import GroupCommitWriter
 from gateway_ledger.infrastructure.postgres import connect, parse_postgres_url
 from tests.gateway_fakes import ScriptedAdapter
@@ -170,6 +171,17 @@ class SlowDiskLedger(DeliveryLedger):
         return super().save(*objs, **kwargs)
 
 
+def slow_disk_gateway(ledger: DeliveryLedger) -> Gateway:
+    """The gateway's writer appends through its own connection: slow that commit down too."""
+    fast = appender_for(ledger)
+
+    def append(events: Any) -> None:
+        time.sleep(SLOW_COMMIT)
+        fast(events)
+
+    return Gateway(ledger, writer=GroupCommitWriter(ledger, append=append))
+
+
 @pytest.mark.parametrize("conversations", [1, 64])
 def test_a_slow_disk_never_stalls_the_event_loop(tmp_path: Path, conversations: int) -> None:
     async def probe(stop: asyncio.Event, lags: list[float]) -> None:
@@ -181,7 +193,7 @@ def test_a_slow_disk_never_stalls_the_event_loop(tmp_path: Path, conversations: 
     async def main(attempt: int) -> list[float]:
         ledger = SlowDiskLedger.open(tmp_path / f"ledger-{attempt}.db")
         adapter = ScriptedAdapter()
-        async with Gateway(ledger) as gw:
+        async with slow_disk_gateway(ledger) as gw:
             await gw.start([adapter])
             stop, lags = asyncio.Event(), []
             prober = asyncio.create_task(probe(stop, lags))

@@ -1,7 +1,9 @@
 """``gateway-ledger sessions forget KEY``: erase one session's personal data.
 
-The key is destroyed, unresolved replies are abandoned (reason ``erased``), the erasure is
-recorded; the history stays, showing ``[erased]``. If a ``sessions`` command already
+The key is destroyed, unresolved replies are abandoned (reason ``erased``), the open
+conversation is suspended, the erasure is recorded; the history of both the replies and
+the conversations stays, showing ``[erased]``. The session store is looked for in ``--db``
+unless ``--sessions-db`` says where it lives. If a ``sessions`` command already
 exists, ``forget`` is added to it; otherwise this module creates ``sessions``.
 """
 
@@ -43,17 +45,25 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     add_db_option(parser)
+    parser.add_argument(
+        "--sessions-db",
+        default=None,
+        help="where the session store lives, if not in --db (SQLite file or postgresql:// URL)",
+    )
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    report = forget_session(args.db, args.session_key, requested_by=args.by)
+    report = forget_session(
+        args.db, args.session_key, requested_by=args.by, sessions=args.sessions_db
+    )
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
         return 0
     print(
         f"subject {report.subject_id} erased at {report.erased_at.isoformat()}: "
         f"{len(report.destroyed_keys)} key(s) destroyed, "
-        f"{len(report.abandoned)} unresolved reply(ies) abandoned"
+        f"{len(report.abandoned)} unresolved reply(ies) abandoned, "
+        f"{len(report.sessions)} session(s) erased"
     )
     return 0

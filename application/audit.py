@@ -1,0 +1,365 @@
+"""The duplicate audit: replay every stored event and say who may have been told twice.
+
+It streams the notification log in pages and reads each event's clear fields straight
+from its stored JSON (owner, fence, classification, marker): no aggregate is reloaded,
+nothing is decrypted, so a million events take seconds (``benchmarks/audit.py``).
+What it flags, and why, is ADR 0011:
+
+- a *possible duplicate*: two or more sends of one obligation that may have arrived (a
+  send may have arrived unless the platform said it did not). It is *labelled* when
+  every send after the first possibly-arrived one carried the duplicate marker: that is
+  the ledger working as designed under ambiguity, reported but not a problem;
+- ``unmarked_resend``: a send started after one that may have arrived, without the marker;
+- ``double_claim``: two claims at the same fence, or a claim whose previous owner was not
+  the owner on record (the claimer acted on someone else's live claim);
+- ``claim_from_live_owner``: the owner that a claim (or an operator's retry) displaced
+  appended an event afterwards, so it was alive;
+- ``late_result``: a result reported by an owner that had been fenced out (or an event
+  flagged ``late`` by the store).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import orjson
+from eventsourcing.utils import get_topic
+
+from gateway_ledger.domain.obligation import DeliveryObligation
+
+if TYPE_CHECKING:
+    from eventsourcing.application import Application
+
+log = logging.getLogger("gateway_ledger.audit")
+
+PAGE_SIZE = 5000
+
+_PREFIX = get_topic(DeliveryObligation) + "."
+_AMBIGUOUS = "ambiguous"
+
+PROBLEM_KINDS = ("unmarked_resend", "double_claim", "claim_from_live_owner", "late_result")
+
+
+@attrs.frozen
+class AuditFinding:
+    """One problem in one obligation's history, at the event (version) that shows it."""
+
+    kind: str
+    obligation_id: str
+    version: int
+    timestamp: str
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+@attrs.frozen
+class PossibleDuplicate:
+    """An obligation with two or more sends that may have reached the user."""
+
+    obligation_id: str
+    sends: int
+    labelled: bool
+    send_versions: tuple[int, ...]
+    state: str
+
+    def to_dict(self) -> dict[str, Any]:
+        data = attrs.asdict(self)
+        data["send_versions"] = list(self.send_versions)
+        return data
+
+
+@attrs.frozen
+class DuplicateAudit:
+    """The audit's report. ``ok`` is False when any problem was found."""
+
+    events_scanned: int
+    obligations: int
+    position: int
+    elapsed_seconds: float
+    findings: tuple[AuditFinding, ...]
+    possible_duplicates: tuple[PossibleDuplicate, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+    @property
+    def labelled_duplicates(self) -> int:
+        return sum(1 for d in self.possible_duplicates if d.labelled)
+
+    @property
+    def unlabelled_duplicates(self) -> int:
+        return sum(1 for d in self.possible_duplicates if not d.labelled)
+
+    def counts(self) -> dict[str, int]:
+        found = dict.fromkeys(PROBLEM_KINDS, 0)
+        for f in self.findings:
+            found[f.kind] = found.get(f.kind, 0) + 1
+        return found
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "events_scanned": self.events_scanned,
+            "obligations": self.obligations,
+            "position": self.position,
+            "elapsed_seconds": self.elapsed_seconds,
+            "problems": self.counts(),
+            "possible_duplicates": len(self.possible_duplicates),
+            "labelled_duplicates": self.labelled_duplicates,
+            "unlabelled_duplicates": self.unlabelled_duplicates,
+            "findings": [f.to_dict() for f in self.findings],
+            "duplicates": [d.to_dict() for d in self.possible_duplicates],
+        }
+
+
+Owner = tuple[Any, ...]
+
+
+def _owner(value: Any) -> Owner:
+    data = value.get("_data_", value) if isinstance(value, dict) else {}
+    return tuple(data.values())
+
+
+class _Send:
+    __slots__ = ("by", "marked", "may_have_arrived", "version")
+
+    def __init__(self, version: int, by: Owner, marked: bool) -> None:
+        self.version = version
+        self.by = by
+        self.marked = marked
+        self.may_have_arrived = True  # until the platform says otherwise
+
+
+class _Obligation:
+    """What the replay remembers of one obligation: owners, fences, sends."""
+
+    __slots__ = ("claimed_fences", "displaced", "fence", "oid", "owner", "sends", "state")
+
+    def __init__(self, oid: str, owner: Owner) -> None:
+        self.oid = oid
+        self.owner = owner
+        self.fence = 0
+        self.state = "pending"
+        self.sends: list[_Send] = []
+        self.claimed_fences: set[int] = set()
+        self.displaced: dict[Owner, int] = {}  # fenced-out owner -> version that displaced it
+
+    def arrived_before(self) -> bool:
+        return any(s.may_have_arrived for s in self.sends)
+
+    def last_send_by(self, by: Owner) -> _Send | None:
+        for send in reversed(self.sends):
+            if send.by == by:
+                return send
+        return None
+
+
+class DuplicateAuditor:
+    """Replays events in notification order; call :meth:`feed` per page, then :meth:`report`."""
+
+    def __init__(self) -> None:
+        self.obligations: dict[str, _Obligation] = {}
+        self.findings: list[AuditFinding] = []
+        self.events = 0
+        self.position = 0
+        self._reported_live: set[tuple[str, Owner]] = set()
+
+    def flag(
+        self, kind: str, ob: _Obligation, version: int, state: dict[str, Any], why: str
+    ) -> None:
+        self.findings.append(AuditFinding(kind, ob.oid, version, str(state.get("timestamp")), why))
+
+    def feed(self, originator_id: Any, version: int, topic: str, raw: bytes) -> None:
+        self.events += 1
+        if not topic.startswith(_PREFIX):
+            return  # not an obligation's event (erasures, other aggregates)
+        kind = topic[len(_PREFIX) :]
+        state: dict[str, Any] = orjson.loads(raw)
+        key = str(originator_id)
+        if kind == "Recorded":
+            self.obligations[key] = _Obligation(
+                str(state.get("obligation_id") or key), _owner(state.get("owner"))
+            )
+            return
+        ob = self.obligations.get(key)
+        if ob is None:
+            return  # an event of an aggregate whose creation we never saw (cannot judge)
+        by = _owner(state["by"]) if state.get("by") else None
+        if by is not None and by in ob.displaced and (key, by) not in self._reported_live:
+            self._reported_live.add((key, by))
+            self.flag(
+                "claim_from_live_owner",
+                ob,
+                version,
+                state,
+                f"the owner displaced at v{ob.displaced[by]} appended {kind} at v{version}",
+            )
+        if state.get("late"):
+            self.flag("late_result", ob, version, state, f"{kind} reported late by a fenced owner")
+            return
+        handler = getattr(self, f"_on_{kind}", None)
+        if handler is not None:
+            handler(ob, version, state, by)
+
+    # -- one method per event type ----------------------------------------------------------
+
+    def _start_send(
+        self, ob: _Obligation, version: int, state: dict[str, Any], by: Owner, marked: bool
+    ) -> None:
+        if ob.arrived_before() and not marked:
+            earlier = [s.version for s in ob.sends if s.may_have_arrived]
+            self.flag(
+                "unmarked_resend",
+                ob,
+                version,
+                state,
+                f"re-send without the marker after the send(s) at v{earlier} may have arrived",
+            )
+        ob.sends.append(_Send(version, by, marked))
+
+    def _on_Attempting(
+        self, ob: _Obligation, version: int, state: dict[str, Any], by: Owner | None
+    ) -> None:
+        assert by is not None
+        if by != ob.owner and ob.fence > 0:
+            self.flag("late_result", ob, version, state, "a send started by a fenced-out owner")
+            # It did not read the history that asks for a marker: unmarked.
+            self._start_send(ob, version, state, by, marked=False)
+            return
+        ob.owner = by
+        ob.state = "attempting"
+        # The gateway derives the marker from this very history (ADR 0006).
+        self._start_send(ob, version, state, by, marked=ob.arrived_before())
+
+    def _on_Claimed(
+        self, ob: _Obligation, version: int, state: dict[str, Any], by: Owner | None
+    ) -> None:
+        assert by is not None
+        fence = int(state.get("fence", ob.fence + 1))
+        previous = _owner(state.get("previous_owner"))
+        if fence in ob.claimed_fences:
+            self.flag("double_claim", ob, version, state, f"a second claim at fence {fence}")
+        elif previous and previous != ob.owner:
+            self.flag(
+                "double_claim",
+                ob,
+                version,
+                state,
+                "claimed from an owner that no longer held it (another claim was live)",
+            )
+        ob.claimed_fences.add(fence)
+        ob.displaced[ob.owner] = version
+        ob.displaced.pop(by, None)
+        ob.owner = by
+        ob.fence = fence
+        ob.state = "claimed"
+        self._start_send(ob, version, state, by, marked=bool(state.get("needs_marker")))
+
+    def _on_RetryRequested(
+        self, ob: _Obligation, version: int, state: dict[str, Any], by: Owner | None
+    ) -> None:
+        assert by is not None
+        ob.displaced[ob.owner] = version
+        ob.displaced.pop(by, None)
+        ob.owner = by
+        ob.fence = int(state.get("fence", ob.fence + 1))
+        ob.state = "pending"
+
+    def _result(
+        self, ob: _Obligation, version: int, state: dict[str, Any], by: Owner | None, kind: str
+    ) -> _Send | None:
+        fence = state.get("fence")
+        if by is not None and (by != ob.owner or (fence is not None and int(fence) < ob.fence)):
+            self.flag("late_result", ob, version, state, f"{kind} from a fenced-out owner")
+        return None if by is None else ob.last_send_by(by)
+
+    def _on_Delivered(
+        self, ob: _Obligation, version: int, state: dict[str, Any], by: Owner | None
+    ) -> None:
+        self._result(ob, version, state, by, "Delivered")
+        ob.state = "delivered"
+
+    def _on_PartDelivered(
+        self, ob: _Obligation, version: int, state: dict[str, Any], by: Owner | None
+    ) -> None:
+        self._result(ob, version, state, by, "PartDelivered")
+
+    def _on_Failed(
+        self, ob: _Obligation, version: int, state: dict[str, Any], by: Owner | None
+    ) -> None:
+        send = self._result(ob, version, state, by, "Failed")
+        if send is not None and state.get("classification") != _AMBIGUOUS:
+            send.may_have_arrived = False  # the platform said no: this send never arrived
+        if by == ob.owner:
+            ob.state = "failed"
+
+    def _on_Abandoned(
+        self, ob: _Obligation, version: int, state: dict[str, Any], by: Owner | None
+    ) -> None:
+        ob.state = "abandoned"
+
+    # -- the report -------------------------------------------------------------------------
+
+    def duplicates(self) -> Iterator[PossibleDuplicate]:
+        for ob in self.obligations.values():
+            arrived = [s for s in ob.sends if s.may_have_arrived]
+            if len(arrived) < 2:
+                continue
+            labelled = all(s.marked for s in arrived[1:])
+            yield PossibleDuplicate(
+                ob.oid, len(arrived), labelled, tuple(s.version for s in arrived), ob.state
+            )
+
+    def report(self, elapsed: float) -> DuplicateAudit:
+        return DuplicateAudit(
+            events_scanned=self.events,
+            obligations=len(self.obligations),
+            position=self.position,
+            elapsed_seconds=round(elapsed, 3),
+            findings=tuple(self.findings),
+            possible_duplicates=tuple(self.duplicates()),
+        )
+
+
+def audit_duplicates(
+    app: Application[Any],
+    *,
+    page_size: int = PAGE_SIZE,
+    progress: Callable[[int, int], None] | None = None,
+) -> DuplicateAudit:
+    """Replay the whole notification log of ``app`` (a DeliveryLedger) and judge it."""
+    started = time.perf_counter()
+    recorder: Any = app.recorder
+    newest = recorder.max_notification_id() or 0
+    auditor = DuplicateAuditor()
+    start = 0
+    while True:
+        page = recorder.select_notifications(start, page_size, inclusive_of_start=False)
+        for n in page:
+            auditor.feed(n.originator_id, n.originator_version, n.topic, n.state)
+        if page:
+            start = auditor.position = page[-1].id
+            if progress is not None:
+                progress(start, max(newest, start))
+        if len(page) < page_size:
+            break
+    report = auditor.report(time.perf_counter() - started)
+    log.info(
+        "audit: %d events, %d obligations, %d problems %s, %d possible duplicates "
+        "(%d labelled) in %.2f s",
+        report.events_scanned,
+        report.obligations,
+        len(report.findings),
+        report.counts(),
+        len(report.possible_duplicates),
+        report.labelled_duplicates,
+        report.elapsed_seconds,
+    )
+    return report

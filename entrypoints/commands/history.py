@@ -1,0 +1,81 @@
+"""``gateway-ledger history ID [--at T]``: every event of one obligation, or its past state."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from gateway_ledger.entrypoints.console import (
+    add_common,
+    open_ledger,
+    parse_moment,
+    print_json,
+    table,
+)
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "history",
+        help="the timeline of one obligation; --at shows its state at a past moment",
+        description="Every event: who, when, attempt, error class, marker, receipt.",
+    )
+    parser.add_argument("obligation_id", metavar="ID")
+    parser.add_argument(
+        "--at", metavar="T", help="replay only to T (ISO 8601, or an age: 15m, 2h, 3d)"
+    )
+    add_common(parser)
+    parser.set_defaults(handler=run)
+
+
+def _who(fields: dict[str, Any]) -> str:
+    owner = fields.get("by") or fields.get("owner")
+    if owner is None:
+        return "-"
+    return f"{owner.host}:{owner.pid}"
+
+
+def _facts(kind: str, f: dict[str, Any]) -> str:
+    facts = []
+    if "fence" in f:
+        facts.append(f"fence={f['fence']}")
+    if kind == "Claimed":
+        facts.append(f"attempt={f.get('recovery_attempt')} marker={f.get('needs_marker')}")
+    if kind == "Failed":
+        retry = f.get("retry_after")
+        wait = "-" if retry is None else f"{retry:.1f}s"
+        facts.append(f"class={f.get('classification')} retry_after={wait}")
+    if kind in ("Delivered", "PartDelivered"):
+        facts.append(f"receipt={len(f.get('receipt') or [])} id(s)")
+    if kind == "Abandoned":
+        facts.append(f"reason={f.get('reason')}")
+    if kind == "RetryRequested":
+        facts.append(f"by operator {f.get('requested_by') or '?'}")
+    if kind == "Recorded":
+        facts.append(f"platform={f['target'].platform}")
+    return " ".join(facts)
+
+
+def run(args: argparse.Namespace) -> int:
+    at = parse_moment(args.at, name="--at") if args.at else None
+    ledger = open_ledger(args.db)
+    timeline = ledger.timeline(args.obligation_id, at)
+    if args.json:
+        print_json(timeline.to_dict())
+        return 0
+    status = timeline.status
+    when = f" as of {at.isoformat()}" if at else ""
+    print(f"obligation {timeline.obligation_id}{when}: {status.state}")
+    print(
+        f"  sends {status.send_attempts}, recovery claims {status.recovery_attempts}, "
+        f"fence {status.fence}, marker {'yes' if status.needs_marker else 'no'}"
+    )
+    print()
+    rows = [
+        [e.version, e.timestamp, e.type, _who(e.fields), _facts(e.type, e.fields)]
+        for e in timeline.entries
+    ]
+    print(table(["v", "when (UTC)", "event", "by", "facts"], rows, indent="  "))
+    if timeline.later_events:
+        print(f"  ({timeline.later_events} later event(s) not shown)")
+    return 0

@@ -1,0 +1,84 @@
+"""``gateway-ledger sessions list | show KEY | export SESSION_ID --dir DIR``.
+
+Creates the ``sessions`` command; ``forget`` (entrypoints/commands/forget.py) adds itself
+to it, so this module must come before ``forget`` in COMMAND_MODULES.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from gateway_ledger.application.session_admin import list_sessions, open_session_store, show_key
+from gateway_ledger.entrypoints.console import (
+    add_common,
+    print_json,
+    require_store,
+    table,
+    usage_error,
+)
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser("sessions", help="session commands")
+    nested = parser.add_subparsers(dest="sessions_command", metavar="SUBCOMMAND")
+    nested.required = True
+    listing = nested.add_parser("list", help="every session, oldest first")
+    add_common(listing)
+    listing.set_defaults(handler=run_list)
+    show = nested.add_parser("show", help="a session key's current and earlier sessions")
+    show.add_argument("key", metavar="KEY", help="the session key, as stored")
+    add_common(show)
+    show.set_defaults(handler=run_show)
+    export = nested.add_parser("export", help="write a session's transcript as JSON lines")
+    export.add_argument("session_id", metavar="SESSION_ID")
+    export.add_argument("--dir", required=True, help="directory for <SESSION_ID>.jsonl")
+    add_common(export)
+    export.set_defaults(handler=run_export)
+
+
+def _store(location: str):  # type: ignore[no-untyped-def]
+    return open_session_store(require_store(location))
+
+
+def run_list(args: argparse.Namespace) -> int:
+    store = _store(args.db)
+    sessions = () if store is None else list_sessions(store)
+    if args.json:
+        print_json({"sessions": [s.to_dict() for s in sessions], "count": len(sessions)})
+        return 0
+    rows = [[s.session_id, s.key, s.created_at, s.ended, s.end_reason] for s in sessions]
+    print(table(["session", "key", "created (UTC)", "ended", "why"], rows))
+    return 0
+
+
+def run_show(args: argparse.Namespace) -> int:
+    store = _store(args.db)
+    if store is None:
+        raise usage_error("this store has no sessions")
+    found = show_key(store, args.key)
+    if args.json:
+        print_json(found.to_dict())
+        return 0
+    print(f"key {found.key}: current session {found.current_session_id}")
+    rows = [
+        [s.session_id, s.created_at, s.last_activity_at, s.message_count, s.ended, s.end_reason]
+        for s in found.sessions
+    ]
+    print(
+        table(
+            ["session", "created", "last activity", "messages", "ended", "why"], rows, indent="  "
+        )
+    )
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    store = _store(args.db)
+    if store is None:
+        raise usage_error("this store has no sessions")
+    path = store.export_transcript(args.session_id, args.dir)
+    if args.json:
+        print_json({"session_id": args.session_id, "path": str(path)})
+        return 0
+    print(f"session {args.session_id} exported to {path}")
+    return 0

@@ -1,0 +1,60 @@
+"""``gateway-ledger status``: what is owed, how old, how fast deliveries go, view lag."""
+
+from __future__ import annotations
+
+import argparse
+
+from gateway_ledger.entrypoints.console import add_common, open_ledger, print_json, table
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "status",
+        help="obligations by state and platform, oldest unresolved, delivery times, lag",
+        description="Figures from the obligation index (no history replay).",
+    )
+    add_common(parser)
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    ledger = open_ledger(args.db)
+    stats = ledger.stats()
+    if args.json:
+        print_json(stats.to_dict())
+        return 0
+    states = list(stats.by_state)
+    print(f"gateway-ledger status ({args.db})")
+    print(f"  obligations: {stats.total}, unresolved: {stats.unresolved}")
+    if stats.oldest_unresolved_id is not None:
+        print(
+            f"  oldest unresolved: {stats.oldest_unresolved_id} "
+            f"({stats.oldest_unresolved_age_seconds:.0f} s old)"
+        )
+    print()
+    rows = [
+        [p, *(per[s] for s in states), sum(per.values())] for p, per in stats.by_platform.items()
+    ]
+    rows.append(["all", *(stats.by_state[s] for s in states), stats.total])
+    print(table(["platform", *states, "total"], rows, indent="  "))
+    times = stats.delivery_seconds
+    print()
+    print(
+        table(
+            ["record to delivery", "count", "p50 s", "p95 s", "max s"],
+            [["", times.count, times.p50, times.p95, times.max]],
+            indent="  ",
+        )
+    )
+    print()
+    reasons = [[r, n] for r, n in stats.abandoned_by_reason.items()]
+    print(table(["abandoned by reason", "count"], reasons, indent="  "))
+    print()
+    print(
+        f"  recovery claims: {stats.recovery_claims} "
+        f"(on {stats.obligations_claimed} obligations), operator retries: {stats.operator_retries}"
+    )
+    print()
+    views = [[p.name, p.position, p.lag, p.rows] for p in stats.projections]
+    print(table(["projection", "position", "lag", "rows"], views, indent="  "))
+    return 0

@@ -1,0 +1,131 @@
+"""The operators' Python API on both stores: stats, list, history at, retry, audit, rebuild."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from gateway_ledger.application.ledger import DeliveryLedger
+from gateway_ledger.domain.errors import IllegalTransition, InvalidInput
+from gateway_ledger.projections.catalog import PROJECTION_NAMES, rebuild_and_verify
+from tests.operator_support import owner, plant_late_delivery, plant_unmarked_resend, record
+
+
+def test_stats_and_list_follow_the_index(store_location: str) -> None:
+    ledger = DeliveryLedger.open(store_location, owner=owner(4_200_001))
+    for i in range(4):
+        record(ledger, f"o{i}", key=f"agent:main:telegram:dm:{i % 2}")
+    ledger.mark_attempting("o0")
+    ledger.mark_delivered("o0", ["m"])
+    ledger.mark_attempting("o1")
+    ledger.mark_failed("o1", "bad request", "rejected")
+    ledger.abandon("o2", "operator", "asked to stop")
+    stats = ledger.stats()
+    assert stats.total == 4 and stats.unresolved == 2
+    assert stats.by_state["delivered"] == 1 and stats.by_state["failed"] == 1
+    assert stats.by_platform["telegram"]["pending"] == 1
+    assert stats.abandoned_by_reason["operator"] == 1
+    assert stats.delivery_seconds.count == 1 and stats.delivery_seconds.max is not None
+    assert stats.oldest_unresolved_id == "o1"
+    index = {p.name: p for p in stats.projections}["obligation_index"]
+    assert index.lag == 0 and index.rows == 4
+    mine = ledger.list(session="agent:main:telegram:dm:1")
+    assert [e.obligation_id for e in mine] == ["o1", "o3"]
+    assert [e.obligation_id for e in ledger.list(state="failed")] == ["o1"]
+    assert ledger.list(platform="discord") == ()
+    first = ledger.list()[0]
+    assert ledger.list(since=first.recorded_at + timedelta(days=1)) == ()
+    with pytest.raises(InvalidInput):
+        ledger.list(state="lost")
+
+
+def test_history_at_replays_to_a_past_moment(store_location: str) -> None:
+    ledger = DeliveryLedger.open(store_location, owner=owner(4_200_002))
+    record(ledger, "h")
+    ledger.mark_attempting("h")
+    ledger.mark_failed("h", "timeout", "ambiguous")
+    ledger.mark_attempting("h")
+    ledger.mark_delivered("h", ["m"])
+    entries = ledger.history("h")
+    past = ledger.history("h", at=entries[2].timestamp)
+    assert [e.type for e in past.entries] == ["Recorded", "Attempting", "Failed"]
+    assert past.status.state == "failed" and past.status.needs_marker
+    assert past.later_events == 2
+    with pytest.raises(InvalidInput):
+        ledger.history("h", at=entries[0].timestamp - timedelta(seconds=1))
+
+
+def test_retry_refused_on_final_and_claimable_after(store_location: str) -> None:
+    ledger = DeliveryLedger.open(store_location, owner=owner(4_200_003))
+    record(ledger, "done")
+    ledger.mark_attempting("done")
+    ledger.mark_delivered("done")
+    with pytest.raises(IllegalTransition, match="refused retry requested"):
+        ledger.retry("done", "alice")
+    with pytest.raises(IllegalTransition):
+        ledger.abandon("done", "operator", "no")
+    record(ledger, "stuck")
+    ledger.mark_attempting("stuck")
+    status = ledger.retry("stuck", "alice")
+    assert status.state == "pending" and status.fence == 1 and status.needs_marker
+    # The retrying process is the operator's: a gateway's sweep takes it once that is gone.
+    gateway = DeliveryLedger.open(store_location)
+    won = gateway.sweep_recoverable(liveness=lambda o: o == gateway.owner)
+    assert [w["obligation_id"] for w in won] == ["stuck"] and won[0]["needs_marker"]
+
+
+def test_audit_flags_planted_histories_and_nothing_else(store_location: str) -> None:
+    ledger = DeliveryLedger.open(store_location, owner=owner(4_200_004))
+    record(ledger, "clean")
+    ledger.mark_attempting("clean")
+    ledger.mark_failed("clean", "timeout", "ambiguous")
+    ledger.mark_attempting("clean")
+    ledger.mark_delivered("clean")
+    clean = ledger.audit_duplicates()
+    assert clean.ok and clean.labelled_duplicates == 1 and clean.unlabelled_duplicates == 0
+    late = plant_late_delivery(store_location)
+    unmarked = plant_unmarked_resend(store_location)
+    report = ledger.audit_duplicates()
+    assert not report.ok
+    found = {(f.kind, f.obligation_id) for f in report.findings}
+    assert found == {
+        ("late_result", late),
+        ("claim_from_live_owner", late),
+        ("unmarked_resend", unmarked),
+    }
+    assert report.counts()["double_claim"] == 0
+
+
+def test_audit_flags_a_second_claim_at_the_same_fence(store_location: str) -> None:
+    ledger = DeliveryLedger.open(store_location, owner=owner(4_200_005))
+    record(ledger, "twice")
+    ledger.mark_attempting("twice")
+    agg = ledger._load("twice")
+    now = agg.last_transition_at + timedelta(seconds=1)
+    for claimer in (owner(4_200_006), owner(4_200_007)):
+        agg._claimed(
+            by=claimer,
+            previous_owner=agg.owner,
+            recovery_attempt=1,
+            needs_marker=True,
+            fence=1,
+            timestamp=now,
+        )
+    ledger.save(agg)
+    kinds = [f.kind for f in ledger.audit_duplicates().findings]
+    assert kinds == ["double_claim"]
+
+
+@pytest.mark.parametrize("name", PROJECTION_NAMES)
+def test_rebuild_equals_the_incremental_view(store_location: str, name: str) -> None:
+    ledger = DeliveryLedger.open(store_location, owner=owner(4_200_008))
+    for i in range(3):
+        record(ledger, f"r{i}")
+    ledger.mark_attempting("r0")
+    ledger.retry("r0", "bob")
+    ledger.stats()
+    ledger.recoverable.catch_up()
+    plant_late_delivery(store_location)
+    report = rebuild_and_verify(ledger, name, batch_size=2)
+    assert report.equal and not report.repaired and report.events_replayed > 0
