@@ -208,3 +208,16 @@ def test_a_multi_part_reply_stops_at_the_part_where_it_was_claimed(store_locatio
             assert (late.fields["outcome"], late.fields["part"]) == ("part_delivered", 0)
 
     asyncio.run(main())
+
+
+def test_the_duplicate_audit_flags_a_late_result(store_location: str) -> None:
+    a = DeliveryLedger.open(store_location, owner=A)
+    b = DeliveryLedger.open(store_location, owner=B)
+    oid = record(a)
+    a.mark_attempting(oid)
+    b.sweep_recoverable(liveness=everyone_dead)
+    b.mark_delivered(oid, ["m-b"])
+    a.mark_delivered(oid, ["m-a"])
+    report = b.audit_duplicates()
+    late = [f for f in report.findings if f.kind == "late_result"]
+    assert len(late) == 1 and not report.ok
