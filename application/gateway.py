@@ -25,6 +25,7 @@ from typing import Any
 import attrs
 
 from gateway_ledger.application.deadlines import Deadlines
+from gateway_ledger.application.late_results import record_results, results_of
 from gateway_ledger.application.ledger import DeliveryLedger
 from gateway_ledger.application.ports import (
     PlatformAdapter,
@@ -77,7 +78,8 @@ def outgoing_parts(agg: DeliveryObligation) -> list[OutgoingPart]:
 class DeliveryOutcome:
     """What ``deliver`` did. ``status``: delivered, failed (a retry is scheduled or the
     boot sweep owns it), abandoned, skipped (``skip_reason``), already_recorded (the same
-    turn's reply is owed or done: nothing sent), or queued (no adapter connected)."""
+    turn's reply is owed or done: nothing sent), queued (no adapter connected), or
+    superseded (another gateway claimed it mid-send: this one stopped sending)."""
 
     status: str
     obligation_id: str | None = None
@@ -112,6 +114,7 @@ class GatewayStats:
     events: int
     largest_group: int
     group_conflicts: int
+    late_results: int = 0
 
 
 @attrs.define
@@ -125,6 +128,7 @@ class _Counters:
     recovered: int = 0
     retries_scheduled: int = 0
     rate_limit_waits: int = 0
+    late_results: int = 0
 
 
 @attrs.define
@@ -289,6 +293,7 @@ class Gateway:
             events=w.events,
             largest_group=w.largest_group,
             group_conflicts=w.conflicts,
+            late_results=c.late_results,
         )
 
     # -- the delivery path --------------------------------------------------------------------
@@ -385,6 +390,7 @@ class Gateway:
             log.info("obligation %s: %s lost to a concurrent writer", flight.oid, stage)
             flight.tracked = False
             flight.conflicted = True
+            await self._report_late(flight, events)
             return False
         except Exception as e:
             self._fault(flight.oid, stage, e)
@@ -392,6 +398,18 @@ class Gateway:
                 flight.tracked = False
             return False
         return True
+
+    async def _report_late(self, flight: _Flight, events: Sequence[Any]) -> None:
+        """A result that lost to a claim is still a fact: record it late (ADR 0010)."""
+        results = results_of(events)
+        if not results:
+            return
+        try:
+            late = await self.writer.call(record_results, self.ledger, flight.oid, results)
+        except Exception as e:
+            self._fault(flight.oid, "late result", e)
+            return
+        self._counters.late_results += late
 
     async def _send(self, flight: _Flight) -> DeliveryOutcome:
         """Send every unconfirmed part, in order, then settle the obligation."""
@@ -421,6 +439,14 @@ class Gateway:
                     ),
                 )
                 await self._write(flight, f"part {part.index} delivered")
+                if flight.conflicted:
+                    # Claimed by another gateway mid-reply: fenced out, send no more parts.
+                    log.info("obligation %s superseded after part %d", flight.oid, part.index)
+                    return DeliveryOutcome(
+                        status="superseded",
+                        obligation_id=agg.obligation_id,
+                        message_ids=tuple(receipt),
+                    )
         self._apply(
             flight, lambda: agg.confirm_delivery(by=self.owner, now=self._now(), receipt=receipt)
         )
@@ -505,7 +531,7 @@ class Gateway:
             )
         await self._write(flight, "failed")
         self._counters.failed += 1
-        delay = self._retry_delay(flight, error_class, retry_after)
+        delay = None if flight.conflicted else self._retry_delay(flight, error_class, retry_after)
         if delay is not None:
             self._counters.retries_scheduled += 1
             self.scheduler.schedule(
@@ -539,6 +565,9 @@ class Gateway:
 
     async def _retry(self, flight: _Flight) -> None:
         agg = flight.agg
+        if flight.conflicted:
+            log.info("obligation %s not retried: another writer took it", flight.oid)
+            return
         if flight.tracked:
             try:
                 agg.start_attempt(by=self.owner, now=self._now())

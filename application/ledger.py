@@ -8,6 +8,8 @@ aggregate's next version; a writer that lost the race gets ConcurrentUpdate.
 from __future__ import annotations
 
 import logging
+import time
+import weakref
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -15,9 +17,10 @@ from typing import Any, overload
 from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError, Application
-from eventsourcing.persistence import IntegrityError, Transcoder
+from eventsourcing.persistence import IntegrityError, PersistenceError, Transcoder
 
 from gateway_ledger.application.audit import DuplicateAudit, audit_duplicates
+from gateway_ledger.application.liveness import LeaseLiveness
 from gateway_ledger.application.operations import (
     LedgerStats,
     Timeline,
@@ -32,7 +35,12 @@ from gateway_ledger.application.privacy import (
     forget_in_ledger,
     is_erased,
 )
-from gateway_ledger.application.recovery import LivenessPolicy, SweepResult, sweep_recoverable
+from gateway_ledger.application.recovery import (
+    LivenessPolicy,
+    LocalLiveness,
+    SweepResult,
+    sweep_recoverable,
+)
 from gateway_ledger.application.views import HistoryEntry, ObligationStatus
 from gateway_ledger.domain.errors import ConcurrentUpdate, InvalidInput, NotFound
 from gateway_ledger.domain.obligation import DeliveryObligation, obligation_uuid
@@ -45,9 +53,11 @@ from gateway_ledger.domain.values import (
     OwnerIdentity,
 )
 from gateway_ledger.infrastructure.clock import Clock, system_clock
+from gateway_ledger.infrastructure.installation import resolve_installation_id
+from gateway_ledger.infrastructure.leases import Heartbeat, LeaseSettings, LeaseTable
 from gateway_ledger.infrastructure.private_mapper import ENCRYPT_ENV, PrivateEvents
 from gateway_ledger.infrastructure.process_identity import current_owner
-from gateway_ledger.infrastructure.store import opening, store_environment
+from gateway_ledger.infrastructure.store import is_concurrent_ddl, opening, store_environment
 from gateway_ledger.infrastructure.transcoder import AttrsTranscoding, OrjsonTranscoder
 from gateway_ledger.projections.obligation_index import IndexEntry, ObligationIndex
 from gateway_ledger.projections.recoverable import RecoverableObligations
@@ -93,18 +103,36 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
         policy: LedgerPolicy | None = None,
         clock: Clock = system_clock,
         encrypt: bool | None = None,
+        lease: LeaseSettings | None = None,
     ) -> None:
         env = dict(env or {})
         if encrypt is not None:
             env[ENCRYPT_ENV] = "y" if encrypt else "n"
-        super().__init__(env=env)
-        self.owner = owner or current_owner()
+        for attempt in range(5):
+            try:
+                super().__init__(env=env)
+                break
+            except PersistenceError as e:  # several hosts creating one schema's tables at once
+                if attempt == 4 or not is_concurrent_ddl(e):
+                    raise
+                time.sleep(0.05 * (attempt + 1))
+        sqlite_path = self.env.get("SQLITE_DBNAME")
+        self.owner = owner or current_owner(resolve_installation_id(sqlite_path))
         self.policy = policy or LedgerPolicy()
         self.clock = clock
-        self.location = str(self.env.get("SQLITE_DBNAME") or self.env.get("POSTGRES_DBNAME") or "")
+        self.location = str(sqlite_path or self.env.get("POSTGRES_DBNAME") or "")
         self.last_sweep: SweepResult | None = None
         self._recoverable: RecoverableObligations | None = None
         self._obligation_index: ObligationIndex | None = None
+        # Multi-host (ADR 0010): on PostgreSQL every ledger owner holds a lease by default.
+        self.lease_settings = lease or LeaseSettings.from_env()
+        self.leases: LeaseTable | None = None
+        self.heartbeat: Heartbeat | None = None
+        is_postgres = self.env.get("PERSISTENCE_MODULE") == "eventsourcing.postgres"
+        if self.lease_settings.wanted(is_postgres) and (is_postgres or sqlite_path):
+            self.leases = LeaseTable.of(self)
+            self.heartbeat = Heartbeat(self.leases, self.owner, self.lease_settings).start()
+            weakref.finalize(self, self.heartbeat.signal_stop)  # a ledger never closed
 
     @classmethod
     def open(
@@ -115,6 +143,7 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
         policy: LedgerPolicy | None = None,
         clock: Clock = system_clock,
         encrypt: bool | None = None,
+        lease: LeaseSettings | None = None,
     ) -> DeliveryLedger:
         """Open (creating if needed) the store at a file path or a postgresql:// URL."""
         with opening(location):
@@ -124,7 +153,15 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
                 policy=policy,
                 clock=clock,
                 encrypt=encrypt,
+                lease=lease,
             )
+
+    def close(self) -> None:
+        """Release this owner's lease (others may take its work at once), then close."""
+        heartbeat, self.heartbeat = self.heartbeat, None
+        if heartbeat is not None:
+            heartbeat.stop(release=True)
+        super().close()
 
     def construct_transcoder(self) -> Transcoder:
         return build_transcoder()
@@ -211,15 +248,20 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
         self._save(obligation, "attempting")
 
     def mark_delivered(
-        self, obligation_id: str, receipt: Sequence[str | int] | str | int | None = None
+        self,
+        obligation_id: str,
+        receipt: Sequence[str | int] | str | int | None = None,
+        *,
+        fence: int | None = None,
     ) -> None:
+        """``fence``: the one held when the send started; a stale one records a late result."""
         ids: Any = receipt
         if receipt is None:
             ids = []
         elif isinstance(receipt, str | int) and not isinstance(receipt, bool):
             ids = [receipt]  # one message id
         obligation = self._load(obligation_id)
-        obligation.confirm_delivery(by=self.owner, now=self.clock(), receipt=ids)
+        obligation.confirm_delivery(by=self.owner, now=self.clock(), receipt=ids, fence=fence)
         self._save(obligation, "delivered")
 
     def mark_failed(
@@ -228,6 +270,8 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
         error: str = "",
         classification: ErrorClass | str = ErrorClass.AMBIGUOUS,
         retry_after: float | None = None,
+        *,
+        fence: int | None = None,
     ) -> None:
         try:
             error_class = ErrorClass(classification)
@@ -240,6 +284,7 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
             error=error,
             classification=error_class,
             retry_after=retry_after,
+            fence=fence,
         )
         self._save(obligation, "failed")
 
@@ -279,9 +324,19 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
         every platform is connected; ``liveness`` replaces the local /proc judgement.
         """
         self.last_sweep, won = sweep_recoverable(
-            self, now, deliverable_platforms=deliverable_platforms, liveness=liveness
+            self,
+            now,
+            deliverable_platforms=deliverable_platforms,
+            liveness=liveness or self.liveness,
         )
         return won
+
+    @property
+    def liveness(self) -> LivenessPolicy:
+        """Leases where this ledger uses them (PostgreSQL by default), else /proc (ADR 0010)."""
+        if self.leases is not None:
+            return LeaseLiveness(self.leases, self.lease_settings.clock_skew)
+        return LocalLiveness()
 
     def forget_session(
         self, session_key: str, *, requested_by: str = "", sessions: Any = None

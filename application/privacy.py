@@ -62,6 +62,7 @@ DELIVERY_PRIVACY = PrivacyPolicy(
     SealedEvent(_Obligation.Delivered, ("receipt",)),
     SealedEvent(_Obligation.Failed, ("error",)),
     SealedEvent(_Obligation.Abandoned, ("detail",)),
+    SealedEvent(_Obligation.LateResultReported, ("receipt", "error")),
 )
 """Personal: what was said, to whom, where, and what the platform echoed back.
 In clear: obligation id, states, times, attempts, fence, platform, owner, error class."""

@@ -26,6 +26,7 @@ from gateway_ledger.domain.errors import LedgerError, NotFound
 from gateway_ledger.domain.obligation import DeliveryObligation
 from gateway_ledger.domain.values import AbandonReason, OwnerIdentity, require_aware
 from gateway_ledger.infrastructure.bulk_events import load_aggregates
+from gateway_ledger.infrastructure.installation import configured_host
 from gateway_ledger.infrastructure.process_identity import is_alive_locally
 from gateway_ledger.projections.recoverable import RecoverableEntry
 
@@ -50,7 +51,7 @@ class LocalLiveness:
     as alive, so a sweep never steals work from a gateway it cannot see.
     """
 
-    host: str = attrs.field(factory=socket.gethostname)
+    host: str = attrs.field(factory=lambda: configured_host() or socket.gethostname())
 
     def __call__(self, owner: OwnerIdentity) -> bool:
         if owner.host != self.host:

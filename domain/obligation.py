@@ -232,11 +232,24 @@ class DeliveryObligation(Aggregate):
         self.last_transition_at = timestamp
 
     def confirm_delivery(
-        self, *, by: OwnerIdentity, now: datetime, receipt: Sequence[str | int] = ()
+        self,
+        *,
+        by: OwnerIdentity,
+        now: datetime,
+        receipt: Sequence[str | int] = (),
+        fence: int | None = None,
     ) -> None:
+        """The send succeeded. From a fenced-out reporter it is recorded as a late result.
+
+        ``fence`` is the fence the reporter held when it started the send; when unknown,
+        a reporter other than the owner after a claim is taken as fenced out.
+        """
         require_aware("now", now)
-        self._require_state("delivered", ObligationState.ATTEMPTING, ObligationState.CLAIMED)
         ids = receipt_ids(receipt)
+        if self.is_fenced_out(by, fence):
+            self._report_late(by, now, fence, "delivered", receipt=ids)
+            return
+        self._require_state("delivered", ObligationState.ATTEMPTING, ObligationState.CLAIMED)
         self._delivered(by=by, receipt=ids, fence=self.fence, timestamp=now)
 
     @event("Delivered")
@@ -248,17 +261,27 @@ class DeliveryObligation(Aggregate):
         self.last_transition_at = timestamp
 
     def acknowledge_part(
-        self, *, by: OwnerIdentity, now: datetime, index: int, receipt: Sequence[str | int] = ()
+        self,
+        *,
+        by: OwnerIdentity,
+        now: datetime,
+        index: int,
+        receipt: Sequence[str | int] = (),
+        fence: int | None = None,
     ) -> None:
         """One part of a multi-part reply was confirmed: recovery re-sends only the others."""
         require_aware("now", now)
-        self._require_state(
-            f"part {index} delivered", ObligationState.ATTEMPTING, ObligationState.CLAIMED
-        )
         if not isinstance(index, int) or isinstance(index, bool):
             raise InvalidInput("part index must be an int")
         if not 0 <= index < self.part_count:
             raise InvalidInput(f"part index {index} is outside 0..{self.part_count - 1}")
+        if self.is_fenced_out(by, fence):
+            ids = receipt_ids(receipt)
+            self._report_late(by, now, fence, "part_delivered", receipt=ids, part=index)
+            return
+        self._require_state(
+            f"part {index} delivered", ObligationState.ATTEMPTING, ObligationState.CLAIMED
+        )
         if self.part_delivered(index):
             raise self._refuse(f"part {index} delivered", "that part is already confirmed")
         ids = receipt_ids(receipt)
@@ -279,9 +302,10 @@ class DeliveryObligation(Aggregate):
         error: str = "",
         classification: ErrorClass = ErrorClass.AMBIGUOUS,
         retry_after: float | None = None,
+        fence: int | None = None,
     ) -> None:
+        """The send failed. From a fenced-out reporter it is recorded as a late result."""
         require_aware("now", now)
-        self._require_state("failed", ObligationState.ATTEMPTING, ObligationState.CLAIMED)
         if not isinstance(error, str):
             raise InvalidInput("error must be a str")
         try:
@@ -296,6 +320,12 @@ class DeliveryObligation(Aggregate):
         ):
             raise InvalidInput("retry_after must be a finite, non-negative number of seconds")
         text = cut_error(error)
+        if self.is_fenced_out(by, fence):
+            self._report_late(
+                by, now, fence, "failed", error=text, classification=classification.value
+            )
+            return
+        self._require_state("failed", ObligationState.ATTEMPTING, ObligationState.CLAIMED)
         self._failed(
             by=by,
             error=text,
@@ -324,6 +354,68 @@ class DeliveryObligation(Aggregate):
             # might have are already on record, so only an ambiguous failure raises the flag.
             self.may_have_arrived = self.arrived_before_this_send
         self.last_transition_at = timestamp
+
+    # -- fencing: results from an owner whose claim was superseded (ADR 0010) ---------------
+
+    def is_fenced_out(self, by: OwnerIdentity, fence: int | None = None) -> bool:
+        """True when ``by`` lost the obligation to a later claim.
+
+        With the reporter's fence: it is older than the current one. Without: after a claim
+        (fence > 0) only the current owner speaks for the obligation.
+        """
+        if fence is not None:
+            if not isinstance(fence, int) or isinstance(fence, bool) or fence < 0:
+                raise InvalidInput("fence must be a non-negative int")
+            return fence < self.fence
+        return self.fence > 0 and by != self.owner
+
+    def _report_late(
+        self,
+        by: OwnerIdentity,
+        now: datetime,
+        fence: int | None,
+        outcome: str,
+        *,
+        receipt: Sequence[str] = (),
+        error: str = "",
+        classification: str | None = None,
+        part: int | None = None,
+    ) -> None:
+        self._late_result(
+            by=by,
+            outcome=outcome,
+            receipt=list(receipt),
+            error=error,
+            classification=classification,
+            part=part,
+            fence=fence,
+            current_fence=self.fence,
+            late=True,
+            timestamp=now,
+        )
+
+    @event("LateResultReported")
+    def _late_result(
+        self,
+        by: OwnerIdentity,
+        outcome: str,
+        receipt: list[str],
+        error: str,
+        classification: str | None,
+        part: int | None,
+        fence: int | None,
+        current_fence: int,
+        late: bool,
+        timestamp: datetime,
+    ) -> None:
+        """A fenced-out owner's result: a fact for history and audit, never a transition.
+
+        The state stays the current owner's. A late success proves the reply reached the
+        user, so any later send of it may only go out as a possible duplicate.
+        """
+        if outcome == "delivered":
+            self.may_have_arrived = True
+            self.arrived_before_this_send = True
 
     def claim(self, *, by: OwnerIdentity, now: datetime, policy: LedgerPolicy) -> None:
         """A recovery sweep takes the obligation over from a dead owner."""

@@ -38,9 +38,12 @@ def process_start_time(pid: int) -> int | None:
 
 
 def current_owner(installation_id: str = "", host: str | None = None) -> OwnerIdentity:
+    """This process; the host name may be configured (``GATEWAY_LEDGER_HOST``)."""
+    from gateway_ledger.infrastructure.installation import configured_host
+
     pid = os.getpid()
     return OwnerIdentity(
-        host=host or socket.gethostname() or "localhost",
+        host=host or configured_host() or socket.gethostname() or "localhost",
         boot_id=boot_id(),
         pid=pid,
         start_time=process_start_time(pid),

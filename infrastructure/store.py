@@ -56,3 +56,9 @@ def store_environment(location: str | Path) -> dict[str, str]:
 
         return postgres_environment(text)
     return sqlite_environment(text)
+
+
+def is_concurrent_ddl(error: BaseException) -> bool:
+    """Two processes ran the library's CREATE OR REPLACE FUNCTION at once (first start of
+    several gateways on a fresh PostgreSQL schema): harmless, the loser tries again."""
+    return "tuple concurrently updated" in str(error) or "already exists" in str(error)

@@ -53,11 +53,11 @@ def test_a_reply_costs_two_commits_and_leaves_a_full_history(store_location: str
     ],
 )
 def test_skip_rules_send_without_an_obligation(
-    sqlite_location: str, inbound: str, reply: Reply, reason: str, sent: bool
+    store_location: str, inbound: str, reply: Reply, reason: str, sent: bool
 ) -> None:
     async def main() -> None:
         adapter = ScriptedAdapter()
-        async with Gateway.open(sqlite_location) as gw:
+        async with Gateway.open(store_location) as gw:
             await gw.start([adapter])
             ctx = ReplyContext(KEY, "telegram", "99", inbound_text=inbound)
             out = await gw.deliver(ctx, reply, "in-1")
@@ -252,19 +252,21 @@ def test_multi_part_recovery_resends_only_unconfirmed_parts(store_location: str)
     run(main())
 
 
-def test_recovered_reply_clears_the_real_session_resume_flag(tmp_path: Any) -> None:
+def test_recovered_reply_clears_the_real_session_resume_flag(
+    store_location: str, tmp_path: Any
+) -> None:
     """With issue 4's SessionStore: the redelivered turn is not re-run after the restart."""
     from gateway_ledger.application.recovery_port import SessionStoreResume
     from gateway_ledger.application.sessions import SessionStore
     from gateway_ledger.domain.session_source import SessionSource
 
     async def main() -> None:
-        store = SessionStore.open(tmp_path / "sessions.db")
+        store = SessionStore.open(tmp_path / "sessions.db")  # its own store, as deployed
         source = SessionSource(platform="telegram", chat_id="99", chat_type="dm", user_id="u1")
         session = store.resolve(source)
         store.mark_resume_pending(session.session_id)
         ctx = ReplyContext.from_session(session)
-        dead = Gateway.open(tmp_path / "ledger.db", owner=dead_owner())
+        dead = Gateway.open(store_location, owner=dead_owner())
         hung = ScriptedAdapter(script=["hang"])
         await dead.start([hung])
         task = asyncio.create_task(dead.deliver(ctx, Reply("the answer"), "in-1"))
@@ -274,7 +276,7 @@ def test_recovered_reply_clears_the_real_session_resume_flag(tmp_path: Any) -> N
         await dead.close()
 
         resume = SessionStoreResume(store)
-        async with Gateway.open(tmp_path / "ledger.db", sessions=resume) as gw:
+        async with Gateway.open(store_location, sessions=resume) as gw:
             report = await gw.start([ScriptedAdapter()])
             assert report.redelivered == 1
         assert store.resolve(source).should_auto_continue is False

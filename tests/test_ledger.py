@@ -345,9 +345,9 @@ def test_failure_text_is_kept_never_refused(store_location: str) -> None:
     ],
 )
 def test_receipts_that_are_not_message_ids_are_refused(
-    sqlite_location: str, receipt: object, message: str
+    store_location: str, receipt: object, message: str
 ) -> None:
-    ledger = DeliveryLedger.open(sqlite_location)
+    ledger = DeliveryLedger.open(store_location)
     oid = ledger.record_obligation(**GOOD)
     ledger.mark_attempting(oid)
     with pytest.raises(InvalidInput, match=message):

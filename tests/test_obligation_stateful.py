@@ -51,11 +51,16 @@ class Model:
     claims: int = 0
     send_attempts: int = 0
     sends_may_have_arrived: list[bool] = attrs.Factory(list)  # one entry per started send
+    late_delivery: bool = False  # a fenced-out owner reported that its send arrived
     events: list[str] = attrs.Factory(list)
 
     @property
     def needs_marker(self) -> bool:
-        return any(self.sends_may_have_arrived)
+        return any(self.sends_may_have_arrived) or self.late_delivery
+
+    def fenced_out(self, by: int) -> bool:
+        """ADR 0010: after a claim only the owner's results are transitions; others are late."""
+        return self.state is not None and self.fence > 0 and by != self.owner
 
     def legal(self, command: str, by: int) -> bool:
         s = self.state
@@ -143,8 +148,21 @@ class ObligationMachine(RuleBasedStateMachine):
             m.sends_may_have_arrived.append(True)
             m.events.append("Attempting")
 
+    def _late(self, by: int, action: Callable[[], object], delivered: bool) -> bool:
+        """A fenced-out result is appended as LateResultReported; the state is untouched."""
+        if not self.model.fenced_out(by):
+            return False
+        action()
+        self.model.events.append("LateResultReported")
+        self.model.late_delivery |= delivered
+        history = self.reader.history(OID)
+        assert history[-1].fields["late"] is True
+        return True
+
     @rule(by=owner_index)
     def deliver(self, by: int) -> None:
+        if self._late(by, lambda: self.ledgers[by].mark_delivered(OID, ["m-1"]), True):
+            return
         if self._run("deliver", by, lambda: self.ledgers[by].mark_delivered(OID, ["m-1"])):
             self.model.state = "delivered"
             self.model.events.append("Delivered")
@@ -152,6 +170,8 @@ class ObligationMachine(RuleBasedStateMachine):
     @rule(by=owner_index, classification=st.sampled_from(list(ErrorClass)))
     def fail(self, by: int, classification: ErrorClass) -> None:
         call = lambda: self.ledgers[by].mark_failed(OID, "boom", classification.value)  # noqa: E731
+        if self._late(by, call, False):
+            return
         if self._run("fail", by, call):
             m = self.model
             m.state = "failed"
