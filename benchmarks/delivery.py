@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway_ledger.application.gateway import Gateway
+from gateway_ledger.application.ledger import DeliveryLedger
 from gateway_ledger.application.ports import AdapterBase, Reply, ReplyContext, SendResult
 from gateway_ledger.domain.obligation import compute_obligation_id
 from gateway_ledger.domain.values import DeliveryTarget, MediaItem
@@ -116,8 +117,10 @@ async def baseline(path: Path, total: int, concurrency: int) -> float:
     return per * concurrency / elapsed
 
 
-async def ours(path: Path, total: int, concurrency: int) -> tuple[float, int]:
-    gateway = Gateway.open(path)
+async def ours(
+    path: Path, total: int, concurrency: int, *, encrypt: bool = True
+) -> tuple[float, int]:
+    gateway = Gateway(DeliveryLedger.open(path, encrypt=encrypt))
     with gateway.ledger.recorder.datastore.transaction(commit=False) as c:
         c.execute("PRAGMA synchronous")
         assert c.fetchone()[0] == 2  # FULL, the library's (and SQLite's) default
@@ -156,37 +159,50 @@ def main() -> None:
         ("(a) one conversation at a time", sequential, 1),
         (f"(b) {CONCURRENCY} concurrent conversations", concurrent, CONCURRENCY),
     )
-    runs: dict[int, list[tuple[float, float, float]]] = {conc: [] for _, _, conc in scenarios}
+    runs: dict[int, list[tuple[float, float, float, float]]] = {c: [] for _, _, c in scenarios}
     for r in range(rounds):
         for _, total, conc in scenarios:
-            base_path, ours_path = tmp / f"base-{conc}-{r}.db", tmp / f"ours-{conc}-{r}.db"
-            if r % 2 == 0:
-                base = asyncio.run(baseline(base_path, total, conc))
-                mine, commits = asyncio.run(ours(ours_path, total, conc))
-            else:
-                mine, commits = asyncio.run(ours(ours_path, total, conc))
-                base = asyncio.run(baseline(base_path, total, conc))
-            runs[conc].append((base, mine, commits / total))
+            paths = {side: tmp / f"{side}-{conc}-{r}.db" for side in ("base", "ours", "clear")}
+            sides = ["base", "ours", "clear"]
+            order = sides[r % 3 :] + sides[: r % 3]  # rotate who runs first each round
+            rate: dict[str, float] = {}
+            commits = 0
+            for side in order:
+                if side == "base":
+                    rate[side] = asyncio.run(baseline(paths[side], total, conc))
+                elif side == "ours":
+                    rate[side], commits = asyncio.run(ours(paths[side], total, conc))
+                else:
+                    rate[side], _ = asyncio.run(ours(paths[side], total, conc, encrypt=False))
+            runs[conc].append((rate["base"], rate["ours"], rate["clear"], commits / total))
     print(
         "record -> attempting -> delivered lifecycles/s, SQLite WAL, synchronous=FULL,"
-        f" median of {rounds} interleaved rounds"
+        f" median of {rounds} interleaved rounds; gateway-ledger encrypts personal fields"
+        " (ADR 0012); the last columns run it with encrypt=False side by side"
     )
-    print("| scenario | mutable-row baseline | gateway-ledger | ratio | commits/lifecycle |")
-    print("| --- | ---: | ---: | ---: | ---: |")
-    ratios = []
+    print(
+        "| scenario | mutable-row baseline | gateway-ledger | ratio | commits/lifecycle"
+        " | encrypt=False | encryption cost |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    ratios, costs = [], []
     for label, _, conc in scenarios:
         rows = runs[conc]
-        base = statistics.median(b for b, _, _ in rows)
-        mine = statistics.median(m for _, m, _ in rows)
-        ratio = statistics.median(m / b for b, m, _ in rows)
-        spread = sorted(m / b for b, m, _ in rows)
-        cpl = statistics.median(c for _, _, c in rows)
+        base = statistics.median(b for b, _, _, _ in rows)
+        mine = statistics.median(m for _, m, _, _ in rows)
+        clear = statistics.median(c for _, _, c, _ in rows)
+        ratio = statistics.median(m / b for b, m, _, _ in rows)
+        spread = sorted(m / b for b, m, _, _ in rows)
+        cost = statistics.median(1 - m / c for _, m, c, _ in rows)
+        cpl = statistics.median(x for _, _, _, x in rows)
         ratios.append(ratio)
+        costs.append(cost)
         print(
             f"| {label} | {base:,.0f}/s | {mine:,.0f}/s | {ratio:.2f}x"
-            f" ({spread[0]:.2f}-{spread[-1]:.2f}) | {cpl:.2f} |"
+            f" ({spread[0]:.2f}-{spread[-1]:.2f}) | {cpl:.2f} | {clear:,.0f}/s | {cost:+.1%} |"
         )
     print(f"targets: (a) >= 1x -> {ratios[0]:.2f}x, (b) >= 2x -> {ratios[1]:.2f}x")
+    print(f"encryption cost target <= 15%: (a) {costs[0]:+.1%}, (b) {costs[1]:+.1%}")
 
 
 if __name__ == "__main__":
