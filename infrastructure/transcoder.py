@@ -19,6 +19,7 @@ from eventsourcing.persistence import Transcoder, Transcoding, TranscodingNotReg
 _TYPE = "_type_"
 _DATA = "_data_"
 _TAG_BYTES = b'"_type_"'
+_MEMO_SIZE = 64
 _OPTIONS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
 
 
@@ -42,6 +43,8 @@ class AttrsTranscoding(Transcoding):
         self.type = cls
         self.name = name or cls.__name__
         self._fields = tuple(f.name for f in attrs.fields(cls))
+        # A frozen value's fields never change, so its encoding may be reused.
+        self.frozen = getattr(cls.__setattr__, "__name__", "") == "_frozen_setattrs"
 
     def encode(self, obj: Any) -> dict[str, Any]:
         return {name: getattr(obj, name) for name in self._fields}
@@ -56,6 +59,9 @@ class OrjsonTranscoder(Transcoder):
     def __init__(self) -> None:
         self.types: dict[type, Transcoding] = {}
         self.names: dict[str, Transcoding] = {}
+        # id -> (value, its tagged encoding), for frozen attrs values: the same owner
+        # identity is in nearly every event. Holding the value keeps its id unique.
+        self._memo: dict[int, tuple[Any, dict[str, Any]]] = {}
         self.register(DatetimeAsISO())
 
     def register(self, transcoding: Transcoding) -> None:
@@ -78,6 +84,9 @@ class OrjsonTranscoder(Transcoder):
         return obj
 
     def _encode_obj(self, o: Any) -> dict[str, Any]:
+        hit = self._memo.get(id(o))
+        if hit is not None and hit[0] is o:
+            return hit[1]
         try:
             transcoding = self.types[type(o)]
         except KeyError:
@@ -85,7 +94,12 @@ class OrjsonTranscoder(Transcoder):
                 f"Object of type {type(o)} is not serializable. Please define and "
                 "register a custom transcoding for this type."
             ) from None
-        return {_TYPE: transcoding.name, _DATA: transcoding.encode(o)}
+        tagged = {_TYPE: transcoding.name, _DATA: transcoding.encode(o)}
+        if getattr(transcoding, "frozen", False):
+            if len(self._memo) >= _MEMO_SIZE:
+                self._memo.clear()
+            self._memo[id(o)] = (o, tagged)
+        return tagged
 
     def _walk(self, obj: Any) -> Any:
         """Replace tagged dicts, bottom-up, in place; ``type() is`` keeps the hot loop cheap."""
