@@ -304,7 +304,7 @@ class PrivateMapper(Mapper[UUID]):
                 secret[path] = value
                 changes[attr] = ERASED if type(value) is str else placeholder(value)
             if changes:
-                state[head] = _with_placeholders(holder, changes)
+                state[head] = self._placeholders(holder, changes)
         envelope: dict[str, str] = {"s": subject}
         if secret:
             key_id, aead = self.keyring.sealing_key(subject)
@@ -317,6 +317,15 @@ class PrivateMapper(Mapper[UUID]):
             envelope["k"] = key_id
             envelope["c"] = b64encode(nonce + sealed).decode("ascii")
         return envelope
+
+    def _placeholders(self, holder: Any, changes: dict[str, Any]) -> Any:
+        """The stored form of an attrs value with some fields replaced by placeholders."""
+        tagged_with = getattr(self.transcoder, "tagged_with", None)
+        if tagged_with is not None:
+            tagged = tagged_with(holder, changes)
+            if tagged is not None:
+                return tagged
+        return _with_placeholders(holder, changes)
 
     # -- reading ----------------------------------------------------------------------------
 

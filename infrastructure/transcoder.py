@@ -9,6 +9,7 @@ See ADR 0004 for the measurements behind the choice.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -42,12 +43,12 @@ class AttrsTranscoding(Transcoding):
             raise TypeError(f"{cls!r} is not an attrs class")
         self.type = cls
         self.name = name or cls.__name__
-        self._fields = tuple(f.name for f in attrs.fields(cls))
+        self.fields = tuple(f.name for f in attrs.fields(cls))
         # A frozen value's fields never change, so its encoding may be reused.
         self.frozen = getattr(cls.__setattr__, "__name__", "") == "_frozen_setattrs"
 
     def encode(self, obj: Any) -> dict[str, Any]:
-        return {name: getattr(obj, name) for name in self._fields}
+        return {name: getattr(obj, name) for name in self.fields}
 
     def decode(self, data: dict[str, Any]) -> Any:
         return self.type(**data)
@@ -67,6 +68,8 @@ class OrjsonTranscoder(Transcoder):
     def register(self, transcoding: Transcoding) -> None:
         self.types[transcoding.type] = transcoding
         self.names[transcoding.name] = transcoding
+        # Timestamps are in every event: encode them without the generic lookup.
+        self._iso_datetimes = type(self.types.get(datetime)) is DatetimeAsISO
 
     def encode(self, obj: Any) -> bytes:
         try:
@@ -83,7 +86,21 @@ class OrjsonTranscoder(Transcoder):
             return self._walk(obj)
         return obj
 
+    def tagged_with(self, value: Any, changes: Mapping[str, Any]) -> dict[str, Any] | None:
+        """What a copy of the attrs ``value`` with ``changes`` encodes to, without the copy.
+
+        For stored placeholders (sealing, ADR 0012): the same bytes as encoding the copy,
+        without building a value its validators would refuse. None: not an attrs type here.
+        """
+        transcoding = self.types.get(type(value))
+        if not isinstance(transcoding, AttrsTranscoding):
+            return None
+        data = {n: changes[n] if n in changes else getattr(value, n) for n in transcoding.fields}
+        return {_TYPE: transcoding.name, _DATA: data}
+
     def _encode_obj(self, o: Any) -> dict[str, Any]:
+        if type(o) is datetime and self._iso_datetimes:
+            return {_TYPE: "datetime_iso", _DATA: o.isoformat()}
         hit = self._memo.get(id(o))
         if hit is not None and hit[0] is o:
             return hit[1]
