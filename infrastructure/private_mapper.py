@@ -24,6 +24,8 @@ import base64
 import contextlib
 import logging
 import os
+import threading
+import weakref
 from base64 import b64encode
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
@@ -148,6 +150,49 @@ def _with_placeholders(value: Any, changes: dict[str, Any]) -> Any:
     return copy
 
 
+_nonce_pools: weakref.WeakSet[_Nonces] = weakref.WeakSet()
+
+
+def _forget_nonces_after_fork() -> None:
+    for pool in list(_nonce_pools):
+        pool.forget()
+
+
+os.register_at_fork(after_in_child=_forget_nonces_after_fork)
+
+
+class _Nonces:
+    """Random 96-bit AES-GCM nonces, drawn from the OS in bulk.
+
+    As random as ``os.urandom(12)`` per event (each nonce is fresh OS randomness, used
+    once), but one system call per 256 nonces: ``os.urandom`` releases the GIL, and on
+    the busy writer thread each release can cost a wait for the event loop to give it
+    back.
+    """
+
+    BATCH = 256
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pool = b""
+        self._at = 0
+        _nonce_pools.add(self)
+
+    def forget(self) -> None:
+        """After a fork: the child must never reuse the parent's unused nonces."""
+        self._lock = threading.Lock()
+        self._pool = b""
+        self._at = 0
+
+    def take(self) -> bytes:
+        with self._lock:
+            at = self._at
+            if at >= len(self._pool):
+                self._pool, at = os.urandom(12 * self.BATCH), 0
+            self._at = at + 12
+            return self._pool[at : at + 12]
+
+
 @attrs.frozen
 class _SealPlan:
     """A spec's field paths, split once: plain fields, and attrs fields per holder."""
@@ -200,6 +245,7 @@ class PrivateMapper(Mapper[UUID]):
         self.encrypt = encrypt
         self.first_event = first_event
         self._subjects: dict[str, str] = {}
+        self._nonces = _Nonces()
 
     # -- subjects of aggregates -------------------------------------------------------------
 
@@ -308,7 +354,7 @@ class PrivateMapper(Mapper[UUID]):
         envelope: dict[str, str] = {"s": subject}
         if secret:
             key_id, aead = self.keyring.sealing_key(subject)
-            nonce = os.urandom(12)
+            nonce = self._nonces.take()
             sealed = aead.encrypt(
                 nonce,
                 self.transcoder.encode(secret),
