@@ -56,6 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Event-sourced session and delivery ledger for chat-agent gateways.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log to stderr")
+    parser.add_argument(
+        "--db",
+        dest="global_db",
+        default=None,
+        help="the store, for every command (same as the command's own --db)",
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     for name in COMMAND_MODULES:
@@ -67,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.global_db is not None and hasattr(args, "db"):
+        args.db = args.global_db  # `gateway-ledger --db X status` means the same as `status --db X`
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",

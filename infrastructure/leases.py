@@ -14,9 +14,11 @@ nothing but detection latency.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -293,7 +295,13 @@ class Heartbeat:
             target=self._run, name=f"gateway-ledger-lease-{self.owner.pid}", daemon=True
         )
         self._thread.start()
+        # Stop (and release) before the interpreter freezes daemon threads: a frozen renewal
+        # thread may hold the stop event's lock, and a later stop() would wait forever.
+        atexit.register(self._at_exit)
         return self
+
+    def _at_exit(self) -> None:
+        self.stop(release=True)
 
     def _run(self) -> None:
         while not self._stop.wait(self.settings.renew_every):
@@ -323,6 +331,9 @@ class Heartbeat:
 
     def stop(self, *, release: bool = True) -> None:
         """Stop renewing; ``release`` deletes the row so others need not wait for expiry."""
+        if sys.is_finalizing():
+            return  # too late to talk to the store; the lease simply expires
+        atexit.unregister(self._at_exit)
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self.settings.renew_every + 5)

@@ -287,3 +287,12 @@ def test_progress_bar_stays_quiet_when_piped(store: Path) -> None:
     done = run("projections", "rebuild", db=store)
     assert done.stderr == ""
     assert datetime.now(UTC)  # the run above completed without a terminal
+
+
+def test_the_store_may_be_named_before_the_command(sim_dir: Path) -> None:
+    db = str(sim_dir / "sim.db")
+    before = json.loads(run("--db", db, "status", "--json").stdout)
+    after = json.loads(run("status", "--db", db, "--json").stdout)
+    assert before["total"] == after["total"] > 0
+    missing = run("--db", str(sim_dir / "no" / "such.db"), "status", check=2)
+    assert missing.stderr.startswith("gateway-ledger: no store at")

@@ -87,7 +87,8 @@ def test_a_claimer_that_dies_is_reclaimed_with_the_marker(store_location: str) -
 
 
 SWEEPER = """
-import json, sys
+import faulthandler, json, sys
+faulthandler.dump_traceback_later(90, exit=True)  # a hang fails with every thread's stack
 from gateway_ledger.application.ledger import DeliveryLedger
 ledger = DeliveryLedger.open({location!r})
 ledger.recoverable.catch_up()

@@ -114,7 +114,10 @@ def test_live_own_delivered_and_abandoned_obligations_are_never_claimed(
     gateway = DeliveryLedger.open(store_location)
     record(gateway, "mine")
     elsewhere = OwnerIdentity(host="another-host", boot_id="b", pid=os.getpid(), start_time=1)
-    record(DeliveryLedger.open(store_location, owner=elsewhere), "other-host")
+    # Held until the end: a ledger that is dropped closes, and a closed ledger releases its
+    # lease, which would (rightly) make the other host's obligation claimable.
+    other_host = DeliveryLedger.open(store_location, owner=elsewhere)
+    record(other_host, "other-host")
     dead = DeliveryLedger.open(store_location, owner=dead_owner())
     for oid in ("done", "given-up"):
         record(dead, oid)
@@ -133,6 +136,7 @@ def test_live_own_delivered_and_abandoned_obligations_are_never_claimed(
     assert gateway.get("mine").state == "pending"
     assert gateway.get("done").state == "delivered"
     assert gateway.get("given-up").state == "abandoned"
+    other_host.close()
 
 
 def test_a_fresh_process_resumes_the_view_without_replaying_history(
