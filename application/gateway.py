@@ -15,7 +15,6 @@ with ids, counted in ``stats().ledger_faults``, and the send goes ahead.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
@@ -48,7 +47,7 @@ from gateway_ledger.domain.values import (
     OwnerIdentity,
 )
 from gateway_ledger.infrastructure.clock import Clock, system_clock
-from gateway_ledger.infrastructure.group_commit import GroupCommitWriter
+from gateway_ledger.infrastructure.group_commit import GroupCommitWriter, Written
 
 log = logging.getLogger("gateway_ledger.gateway")
 
@@ -139,7 +138,7 @@ class _Flight:
     adapter: PlatformAdapter
     tracked: bool = True
     conflicted: bool = False
-    last_write: concurrent.futures.Future[None] | None = None
+    last_write: Written | None = None
     runtime_retries: int = 0
 
     @property

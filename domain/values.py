@@ -66,8 +66,10 @@ def require_text(name: str, value: object, *, allow_empty: bool = False) -> str:
     """Refuse what cannot be stored and read back exactly (wrong type, lone surrogates)."""
     if not isinstance(value, str):
         raise InvalidInput(f"{name} must be a str, not {type(value).__name__}")
-    if not allow_empty and not value.strip():
+    if not allow_empty and (not value or value.isspace()):  # blank, without a stripped copy
         raise InvalidInput(f"{name} must not be empty")
+    if value.isascii():  # the usual case: no surrogates possible, no encoded copy needed
+        return value
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as e:

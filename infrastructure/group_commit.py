@@ -58,12 +58,44 @@ class WriterStats:
     commit_seconds: float = 0.0
 
 
+class WriteHandle:
+    """How one queued write ended, for chaining (``after=``) and ``done()`` checks.
+
+    Lighter than a ``concurrent.futures.Future`` (no condition variable): the writer
+    thread settles it once, before it wakes the caller's asyncio waiter, and nobody
+    blocks on it. :meth:`GroupCommitWriter.submit` still returns a real Future.
+    """
+
+    __slots__ = ("_done", "_error")
+
+    def __init__(self) -> None:
+        self._done = False
+        self._error: BaseException | None = None
+
+    def done(self) -> bool:
+        return self._done
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def set_result(self, _: None) -> None:
+        self._done = True
+
+    def set_exception(self, error: BaseException) -> None:
+        self._error = error
+        self._done = True
+
+
+Written = concurrent.futures.Future[None] | WriteHandle
+"""A write's outcome: what ``after=`` accepts."""
+
+
 @attrs.define
 class _Job:
     label: str
     events: list[Any]
-    future: concurrent.futures.Future[None]
-    after: concurrent.futures.Future[None] | None = None
+    future: Written
+    after: Written | None = None
     waiter: asyncio.Future[None] | None = None
     """Settled on its own loop after ``future``; skipped if the caller stopped waiting."""
 
@@ -106,42 +138,46 @@ class GroupCommitWriter:
         events: Sequence[Any],
         *,
         label: str = "",
-        after: concurrent.futures.Future[None] | None = None,
+        after: Written | None = None,
     ) -> concurrent.futures.Future[None]:
         """Queue events for the next group; the future resolves once they are durable.
 
         ``after``: an earlier write of the same aggregate. If it failed, this one is
         refused instead of appending events on top of a history that is not there.
         """
-        return self._enqueue(events, label, after, None)
+        future: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._enqueue(events, label, after, None, future)
+        return future
 
     def submit_waiting(
         self,
         events: Sequence[Any],
         *,
         label: str = "",
-        after: concurrent.futures.Future[None] | None = None,
-    ) -> tuple[concurrent.futures.Future[None], asyncio.Future[None]]:
-        """Like :meth:`submit`, plus an asyncio future on the running loop that settles
-        the same way (await it; it is skipped if already done, e.g. timed out)."""
+        after: Written | None = None,
+    ) -> tuple[WriteHandle, asyncio.Future[None]]:
+        """Like :meth:`submit`, but with an asyncio future on the running loop that settles
+        the same way (await it; it is skipped if already done, e.g. timed out), and a
+        :class:`WriteHandle` for chaining."""
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        return self._enqueue(events, label, after, waiter), waiter
+        handle = WriteHandle()
+        self._enqueue(events, label, after, waiter, handle)
+        return handle, waiter
 
     def _enqueue(
         self,
         events: Sequence[Any],
         label: str,
-        after: concurrent.futures.Future[None] | None,
+        after: Written | None,
         waiter: asyncio.Future[None] | None,
-    ) -> concurrent.futures.Future[None]:
-        future: concurrent.futures.Future[None] = concurrent.futures.Future()
-        job = _Job(label=label, events=list(events), future=future, after=after, waiter=waiter)
+        future: Written,
+    ) -> None:
+        job = _Job(label, list(events), future, after, waiter)
         with self._cond:
             if self._closed:
                 self._settle([job], LedgerUnavailable("the ledger writer is closed"))
-                return future
+                return
             self._queue.put(job)
-        return future
 
     async def write(self, events: Sequence[Any], *, label: str = "") -> None:
         await self.submit_waiting(events, label=label)[1]

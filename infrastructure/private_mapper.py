@@ -24,6 +24,9 @@ import base64
 import contextlib
 import logging
 import os
+import threading
+import weakref
+from base64 import b64encode
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any, ClassVar
@@ -120,8 +123,18 @@ def placeholder(value: Any) -> Any:
     return None
 
 
-def _is_empty(value: Any) -> bool:
-    return value is None or (isinstance(value, str | list | tuple | dict) and not value)
+_EMPTYABLE = (str, list, tuple, dict)
+"""Types whose empty values (like ``None``) are stored as they are, not sealed."""
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in attrs.fields(cls))
+    return names
 
 
 def _with_placeholders(value: Any, changes: dict[str, Any]) -> Any:
@@ -132,10 +145,82 @@ def _with_placeholders(value: Any, changes: dict[str, Any]) -> Any:
     """
     cls = type(value)
     copy = object.__new__(cls)
-    for field in attrs.fields(cls):
-        name = field.name
+    for name in _field_names(cls):
         object.__setattr__(copy, name, changes[name] if name in changes else getattr(value, name))
     return copy
+
+
+_nonce_pools: weakref.WeakSet[_Nonces] = weakref.WeakSet()
+
+
+def _forget_nonces_after_fork() -> None:
+    for pool in list(_nonce_pools):
+        pool.forget()
+
+
+os.register_at_fork(after_in_child=_forget_nonces_after_fork)
+
+
+class _Nonces:
+    """Random 96-bit AES-GCM nonces, drawn from the OS in bulk.
+
+    As random as ``os.urandom(12)`` per event (each nonce is fresh OS randomness, used
+    once), but one system call per 256 nonces: ``os.urandom`` releases the GIL, and on
+    the busy writer thread each release can cost a wait for the event loop to give it
+    back.
+    """
+
+    BATCH = 256
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pool = b""
+        self._at = 0
+        _nonce_pools.add(self)
+
+    def forget(self) -> None:
+        """After a fork: the child must never reuse the parent's unused nonces."""
+        self._lock = threading.Lock()
+        self._pool = b""
+        self._at = 0
+
+    def take(self) -> bytes:
+        with self._lock:
+            at = self._at
+            if at >= len(self._pool):
+                self._pool, at = os.urandom(12 * self.BATCH), 0
+            self._at = at + 12
+            return self._pool[at : at + 12]
+
+
+@attrs.frozen
+class _SealPlan:
+    """A spec's field paths, split once: plain fields, and attrs fields per holder."""
+
+    plain: tuple[str, ...]
+    nested: tuple[tuple[str, tuple[tuple[str, str], ...]], ...]  # head, ((attr, path), ...)
+
+    @classmethod
+    def of(cls, fields: tuple[str, ...]) -> _SealPlan:
+        plain: list[str] = []
+        nested: dict[str, list[tuple[str, str]]] = {}
+        for path in fields:
+            head, _, attr = path.partition(".")
+            if attr:
+                nested.setdefault(head, []).append((attr, path))
+            else:
+                plain.append(head)
+        return cls(tuple(plain), tuple((h, tuple(a)) for h, a in nested.items()))
+
+
+_PLANS: dict[tuple[str, ...], _SealPlan] = {}
+
+
+def _plan(fields: tuple[str, ...]) -> _SealPlan:
+    plan = _PLANS.get(fields)
+    if plan is None:
+        plan = _PLANS[fields] = _SealPlan.of(fields)
+    return plan
 
 
 def _aad(subject: str, key_id: str, originator_id: Any, version: int, topic: str) -> bytes:
@@ -160,6 +245,7 @@ class PrivateMapper(Mapper[UUID]):
         self.encrypt = encrypt
         self.first_event = first_event
         self._subjects: dict[str, str] = {}
+        self._nonces = _Nonces()
 
     # -- subjects of aggregates -------------------------------------------------------------
 
@@ -209,10 +295,11 @@ class PrivateMapper(Mapper[UUID]):
             else:
                 spec = self.policy.by_topic.get(topic)
                 if spec is not None:
-                    found = self._subject_for(spec, state, originator_id)
+                    oid_text = str(originator_id)  # once: subject lookup and AAD
+                    found = self._subject_for(spec, state, originator_id, oid_text)
                     if found is not None:
                         state[SEALED] = self._seal(
-                            spec.fields, state, found, originator_id, originator_version, topic
+                            spec.fields, state, found, oid_text, originator_version, topic
                         )
         return StoredEvent(
             originator_id=originator_id,
@@ -222,13 +309,15 @@ class PrivateMapper(Mapper[UUID]):
         )
 
     def _subject_for(
-        self, spec: SealedEvent, state: dict[str, Any], originator_id: Any
+        self, spec: SealedEvent, state: dict[str, Any], originator_id: Any, oid_text: str
     ) -> str | None:
         if spec.subject_from:
             subject = self.keyring.subject_id(str(state[spec.subject_from]))
-            self._remember(str(originator_id), subject)
+            self._remember(oid_text, subject)
             return subject
-        found = self.subject_of(originator_id)
+        found = self._subjects.get(oid_text)
+        if found is None:
+            found = self.subject_of(originator_id)
         if found is None:
             log.debug("aggregate %s has no subject (stored in clear before)", originator_id)
         return found
@@ -243,35 +332,46 @@ class PrivateMapper(Mapper[UUID]):
         topic: str,
     ) -> dict[str, str]:
         """Move the fields' values out of ``state`` into one ciphertext; return the envelope."""
+        plan = _plan(fields)
         secret: dict[str, Any] = {}
-        nested: dict[str, dict[str, Any]] = {}
-        for path in fields:
-            head, _, attr = path.partition(".")
-            if attr:
-                holder = state.get(head)
+        for head in plan.plain:
+            value = state.get(head)
+            if value is None or (not value and isinstance(value, _EMPTYABLE)):
+                continue
+            secret[head] = value
+            state[head] = ERASED if type(value) is str else placeholder(value)
+        for head, attributes in plan.nested:
+            holder = state.get(head)
+            changes: dict[str, Any] = {}
+            for attr, path in attributes:
                 value = getattr(holder, attr, None)
-                if not _is_empty(value):
-                    secret[path] = value
-                    nested.setdefault(head, {})[attr] = placeholder(value)
-            else:
-                value = state.get(head)
-                if not _is_empty(value):
-                    secret[path] = value
-                    state[head] = placeholder(value)
-        for head, changes in nested.items():
-            state[head] = _with_placeholders(state[head], changes)
+                if value is None or (not value and isinstance(value, _EMPTYABLE)):
+                    continue
+                secret[path] = value
+                changes[attr] = ERASED if type(value) is str else placeholder(value)
+            if changes:
+                state[head] = self._placeholders(holder, changes)
         envelope: dict[str, str] = {"s": subject}
         if secret:
             key_id, aead = self.keyring.sealing_key(subject)
-            nonce = os.urandom(12)
+            nonce = self._nonces.take()
             sealed = aead.encrypt(
                 nonce,
                 self.transcoder.encode(secret),
                 _aad(subject, key_id, originator_id, version, topic),
             )
             envelope["k"] = key_id
-            envelope["c"] = base64.b64encode(nonce + sealed).decode("ascii")
+            envelope["c"] = b64encode(nonce + sealed).decode("ascii")
         return envelope
+
+    def _placeholders(self, holder: Any, changes: dict[str, Any]) -> Any:
+        """The stored form of an attrs value with some fields replaced by placeholders."""
+        tagged_with = getattr(self.transcoder, "tagged_with", None)
+        if tagged_with is not None:
+            tagged = tagged_with(holder, changes)
+            if tagged is not None:
+                return tagged
+        return _with_placeholders(holder, changes)
 
     # -- reading ----------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ See ADR 0004 for the measurements behind the choice.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -19,6 +20,7 @@ from eventsourcing.persistence import Transcoder, Transcoding, TranscodingNotReg
 _TYPE = "_type_"
 _DATA = "_data_"
 _TAG_BYTES = b'"_type_"'
+_MEMO_SIZE = 64
 _OPTIONS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
 
 
@@ -41,10 +43,12 @@ class AttrsTranscoding(Transcoding):
             raise TypeError(f"{cls!r} is not an attrs class")
         self.type = cls
         self.name = name or cls.__name__
-        self._fields = tuple(f.name for f in attrs.fields(cls))
+        self.fields = tuple(f.name for f in attrs.fields(cls))
+        # A frozen value's fields never change, so its encoding may be reused.
+        self.frozen = getattr(cls.__setattr__, "__name__", "") == "_frozen_setattrs"
 
     def encode(self, obj: Any) -> dict[str, Any]:
-        return {name: getattr(obj, name) for name in self._fields}
+        return {name: getattr(obj, name) for name in self.fields}
 
     def decode(self, data: dict[str, Any]) -> Any:
         return self.type(**data)
@@ -56,11 +60,16 @@ class OrjsonTranscoder(Transcoder):
     def __init__(self) -> None:
         self.types: dict[type, Transcoding] = {}
         self.names: dict[str, Transcoding] = {}
+        # id -> (value, its tagged encoding), for frozen attrs values: the same owner
+        # identity is in nearly every event. Holding the value keeps its id unique.
+        self._memo: dict[int, tuple[Any, dict[str, Any]]] = {}
         self.register(DatetimeAsISO())
 
     def register(self, transcoding: Transcoding) -> None:
         self.types[transcoding.type] = transcoding
         self.names[transcoding.name] = transcoding
+        # Timestamps are in every event: encode them without the generic lookup.
+        self._iso_datetimes = type(self.types.get(datetime)) is DatetimeAsISO
 
     def encode(self, obj: Any) -> bytes:
         try:
@@ -77,7 +86,24 @@ class OrjsonTranscoder(Transcoder):
             return self._walk(obj)
         return obj
 
+    def tagged_with(self, value: Any, changes: Mapping[str, Any]) -> dict[str, Any] | None:
+        """What a copy of the attrs ``value`` with ``changes`` encodes to, without the copy.
+
+        For stored placeholders (sealing, ADR 0012): the same bytes as encoding the copy,
+        without building a value its validators would refuse. None: not an attrs type here.
+        """
+        transcoding = self.types.get(type(value))
+        if not isinstance(transcoding, AttrsTranscoding):
+            return None
+        data = {n: changes[n] if n in changes else getattr(value, n) for n in transcoding.fields}
+        return {_TYPE: transcoding.name, _DATA: data}
+
     def _encode_obj(self, o: Any) -> dict[str, Any]:
+        if type(o) is datetime and self._iso_datetimes:
+            return {_TYPE: "datetime_iso", _DATA: o.isoformat()}
+        hit = self._memo.get(id(o))
+        if hit is not None and hit[0] is o:
+            return hit[1]
         try:
             transcoding = self.types[type(o)]
         except KeyError:
@@ -85,7 +111,12 @@ class OrjsonTranscoder(Transcoder):
                 f"Object of type {type(o)} is not serializable. Please define and "
                 "register a custom transcoding for this type."
             ) from None
-        return {_TYPE: transcoding.name, _DATA: transcoding.encode(o)}
+        tagged = {_TYPE: transcoding.name, _DATA: transcoding.encode(o)}
+        if getattr(transcoding, "frozen", False):
+            if len(self._memo) >= _MEMO_SIZE:
+                self._memo.clear()
+            self._memo[id(o)] = (o, tagged)
+        return tagged
 
     def _walk(self, obj: Any) -> Any:
         """Replace tagged dicts, bottom-up, in place; ``type() is`` keeps the hot loop cheap."""
