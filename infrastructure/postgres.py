@@ -35,7 +35,7 @@ def parse_postgres_url(url: str) -> dict[str, str]:
         "password": unquote(parsed.password or ""),
         "dbname": dbname,
         "schema": schema,
-        "pool_size": query.get("pool_size", ["4"])[0],
+        "pool_size": query.get("pool_size", ["1"])[0],
     }
 
 
