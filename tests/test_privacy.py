@@ -20,6 +20,7 @@ import orjson
 import pytest
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from privacy_support import store_bytes
 
 from gateway_ledger.application.ledger import DeliveryLedger
 from gateway_ledger.application.privacy import erasures, forget_session
@@ -50,39 +51,6 @@ def private_key_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GATEWAY_LEDGER_KEY_DIR", str(tmp_path / "keys"))
     monkeypatch.delenv(MASTER_KEY_ENV, raising=False)
     monkeypatch.delenv("GATEWAY_LEDGER_KEY_FILE", raising=False)
-
-
-def store_bytes(ledger: DeliveryLedger, location: str) -> bytes:
-    """Everything at rest: SQLite's files, or every row of every table of the schema."""
-    if not location.startswith("postgresql://"):
-        ledger.recorder.datastore.close()  # nothing cached in a connection: read the files
-        return b"".join(
-            Path(location + suffix).read_bytes()
-            for suffix in ("", "-wal", "-shm")
-            if Path(location + suffix).exists()
-        )
-    from psycopg import sql
-
-    from gateway_ledger.infrastructure.postgres import connect, parse_postgres_url
-
-    params = parse_postgres_url(location)
-    chunks: list[bytes] = []
-    with connect(params) as conn:
-        tables = [
-            r[0]
-            for r in conn.execute(
-                "SELECT table_name FROM information_schema.tables WHERE table_schema=%s",
-                (params["schema"],),
-            )
-        ]
-        assert tables, "no tables found in the schema"
-        for table in tables:
-            for row in conn.execute(
-                sql.SQL("SELECT * FROM {}").format(sql.Identifier(params["schema"], table))
-            ):
-                for value in row:
-                    chunks.append(value if isinstance(value, bytes) else str(value).encode())
-    return b"\n".join(chunks)
 
 
 def record_known(ledger: DeliveryLedger) -> list[str]:
@@ -140,7 +108,7 @@ def test_no_personal_data_in_clear_at_rest(store_location: str) -> None:
     assert status.receipt == (RECEIPT,)
     assert status.session_key == SESSION_KEY
     assert again.get("o-failed").last_error == ERROR_TEXT
-    raw = store_bytes(again, store_location)
+    raw = store_bytes(store_location, again)
     assert b"o-delivered" in raw  # the scan does see the store's content
     for secret in SECRETS:
         assert secret.encode() not in raw, f"{secret!r} found in clear at rest"
@@ -164,7 +132,7 @@ def test_encrypt_false_stores_clear_and_is_still_readable(store_location: str) -
     )
     assert clear.get("o-sealed").content == TEXT  # reading always opens sealed events
     assert sealed.get("o-clear").content == OTHER_TEXT
-    raw = store_bytes(sealed, store_location)
+    raw = store_bytes(store_location, sealed)
     assert OTHER_TEXT.encode() in raw  # encrypt=False: stored as upstream would
     assert TEXT.encode() not in raw
 
@@ -176,7 +144,7 @@ def test_forget_session_erases_but_history_replays(store_location: str) -> None:
     subject = keyring.subject_id(SESSION_KEY)
     (key_row,) = [row for row in keyring.table.rows() if row[1] == subject]
     wrapped = key_row[2]
-    assert wrapped in store_bytes(DeliveryLedger.open(store_location), store_location)
+    assert wrapped in store_bytes(store_location, DeliveryLedger.open(store_location))
 
     report = ledger.forget_session(SESSION_KEY, requested_by="operator-7")
 
@@ -209,7 +177,7 @@ def test_forget_session_erases_but_history_replays(store_location: str) -> None:
     assert erasure.by == ledger.owner and erasure.destroyed_keys == [key_row[0]]
     assert sorted(erasure.abandoned) == ["o-failed", "o-pending"]
 
-    raw = store_bytes(fresh, store_location)
+    raw = store_bytes(store_location, fresh)
     for secret in SECRETS:
         assert secret.encode() not in raw
     # The wrapped key is nowhere in the store any more (on SQLite: nor in the WAL or free pages).
