@@ -93,14 +93,7 @@ class _Tally:
 
     def result(self, candidates: int, applied: int, started: float) -> SweepResult:
         return SweepResult(
-            claimed=self.claimed,
-            lost_races=self.lost_races,
-            abandoned=dict(self.abandoned),
-            skipped_offline=self.skipped_offline,
-            skipped_alive=self.skipped_alive,
-            skipped_own=self.skipped_own,
-            resolved_meanwhile=self.resolved_meanwhile,
-            errors=self.errors,
+            **attrs.asdict(self),  # copies the abandoned-by-reason dict too
             candidates=candidates,
             view_events_applied=applied,
             elapsed_ms=(time.perf_counter() - started) * 1000,
