@@ -97,9 +97,12 @@ def test_heartbeat_renews_well_inside_the_ttl_and_release_deletes_the_row(
     assert [r.owner for r in rows] == [ledger.owner]
     ledger.close()
     assert not heartbeat.running
-    table = LeaseTable.of(DeliveryLedger.open(store_location, lease=LeaseSettings(enabled=False)))
+    # Held while its table is used: a dropped ledger closes its store under the table.
+    reader = DeliveryLedger.open(store_location, lease=LeaseSettings(enabled=False))
+    table = LeaseTable.of(reader)
     assert table.leases() == []
     assert not LeaseLiveness(table, host="another-host")(ledger.owner)
+    reader.close()
 
 
 def test_a_stopped_heartbeat_lets_the_lease_expire(store_location: str) -> None:
