@@ -20,7 +20,7 @@ from eventsourcing.application import Application
 from gateway_ledger.domain.errors import InvalidInput
 from gateway_ledger.projections.obligation_index import INDEX_NAME, ObligationIndex
 from gateway_ledger.projections.recoverable import VIEW_NAME, RecoverableObligations
-from gateway_ledger.projections.runner import DEFAULT_BATCH_SIZE, ProjectionRunner
+from gateway_ledger.projections.runner import DEFAULT_BATCH_SIZE
 
 log = logging.getLogger("gateway_ledger.projections")
 
@@ -28,22 +28,9 @@ SHADOW_SUFFIX = "_rebuild"
 Progress = Callable[[int, int], None]
 
 
-def _recoverable(app: Application[Any], name: str) -> Any:
-    view = RecoverableObligations(app)
-    if name != VIEW_NAME:
-        view.name = name
-        view.runner = ProjectionRunner(app, view)
-        view.table = view.dialect.table(name)
-    return view
-
-
-def _index(app: Application[Any], name: str) -> Any:
-    return ObligationIndex(app, name)
-
-
 FACTORIES: dict[str, Callable[[Application[Any], str], Any]] = {
-    VIEW_NAME: _recoverable,
-    INDEX_NAME: _index,
+    VIEW_NAME: RecoverableObligations,
+    INDEX_NAME: ObligationIndex,
 }
 PROJECTION_NAMES: tuple[str, ...] = tuple(FACTORIES)
 

@@ -17,14 +17,13 @@ from typing import Any
 
 import attrs
 from eventsourcing.application import Application
-from eventsourcing.utils import get_topic
 
 from gateway_ledger.domain.obligation import DeliveryObligation
 from gateway_ledger.domain.values import ErrorClass, ObligationState
 from gateway_ledger.infrastructure.private_mapper import ERASED
 from gateway_ledger.infrastructure.sql_dialect import Cursor, SqlDialect
+from gateway_ledger.projections.obligation_view import ObligationView
 from gateway_ledger.projections.recoverable import from_micros, to_micros
-from gateway_ledger.projections.runner import DEFAULT_BATCH_SIZE, ProjectionRunner
 
 INDEX_NAME = "obligation_index"
 
@@ -113,21 +112,11 @@ _SIMPLE_STATE = {
 }
 
 
-class ObligationIndex:
-    """The projection (tables + event handling) and its runner, as one object.
-
-    ``name`` may be changed to build a shadow copy (``projections rebuild`` proves a
-    from-scratch rebuild equals the incremental view that way).
-    """
-
-    topic_prefix = get_topic(DeliveryObligation) + "."  # only obligations' events
+class ObligationIndex(ObligationView):
+    """One row per obligation, for status, listing and metrics without replaying history."""
 
     def __init__(self, app: Application[Any], name: str = INDEX_NAME) -> None:
-        self.name = name
-        self.app = app
-        self.runner = ProjectionRunner(app, self)
-        self.dialect = self.runner.dialect
-        self.table = self.dialect.table(name)
+        super().__init__(app, name)
 
     # -- the Projection protocol ------------------------------------------------------------
 
@@ -163,9 +152,6 @@ class ObligationIndex:
             cursor.execute(
                 f"CREATE INDEX IF NOT EXISTS {self.name}_{suffix} ON {self.table} ({columns})"
             )
-
-    def clear(self, cursor: Cursor, dialect: SqlDialect) -> None:
-        cursor.execute(f"DELETE FROM {self.table}")
 
     def apply(self, cursor: Cursor, dialect: SqlDialect, fact: object) -> None:
         if not isinstance(fact, DeliveryObligation.Event):
@@ -269,21 +255,6 @@ class ObligationIndex:
         return str(keyring.subject_id(event.session_key))
 
     # -- use --------------------------------------------------------------------------------
-
-    def catch_up(self, *, batch_size: int = DEFAULT_BATCH_SIZE) -> int:
-        return self.runner.catch_up(batch_size=batch_size)
-
-    def rebuild(self, *, batch_size: int = DEFAULT_BATCH_SIZE) -> int:
-        return self.runner.rebuild(batch_size=batch_size)
-
-    def position(self) -> int:
-        return self.runner.position()
-
-    def count(self) -> int:
-        self.runner.ensure_tables()
-        with self.dialect.read_cursor() as c:
-            c.execute(f"SELECT COUNT(*) AS n FROM {self.table}")
-            return int(c.fetchone()["n"])
 
     def select(self, where: str = "", params: tuple[Any, ...] = (), suffix: str = "") -> list[Any]:
         """Rows of the index (``where`` written with ``?`` placeholders)."""

@@ -18,12 +18,11 @@ from typing import Any
 
 import attrs
 from eventsourcing.application import Application
-from eventsourcing.utils import get_topic
 
 from gateway_ledger.domain.obligation import DeliveryObligation
 from gateway_ledger.domain.values import ObligationState, OwnerIdentity
 from gateway_ledger.infrastructure.sql_dialect import Cursor, SqlDialect
-from gateway_ledger.projections.runner import DEFAULT_BATCH_SIZE, ProjectionRunner
+from gateway_ledger.projections.obligation_view import ObligationView
 
 VIEW_NAME = "recoverable_obligations"
 
@@ -95,16 +94,11 @@ def _owner_params(owner: OwnerIdentity) -> tuple[Any, ...]:
     return (owner.host, owner.boot_id, owner.pid, owner.start_time, owner.installation_id)
 
 
-class RecoverableObligations:
-    """The projection (tables + event handling) and its runner, as one object."""
+class RecoverableObligations(ObligationView):
+    """The unresolved obligations: the recovery sweep's index of candidates."""
 
-    name = VIEW_NAME
-    topic_prefix = get_topic(DeliveryObligation) + "."  # only obligations' events
-
-    def __init__(self, app: Application[Any]) -> None:
-        self.runner = ProjectionRunner(app, self)
-        self.dialect = self.runner.dialect
-        self.table = self.dialect.table(VIEW_NAME)
+    def __init__(self, app: Application[Any], name: str = VIEW_NAME) -> None:
+        super().__init__(app, name)
 
     # -- the Projection protocol ------------------------------------------------------------
 
@@ -125,13 +119,10 @@ class RecoverableObligations:
             "last_transition_at BIGINT NOT NULL, "
             "version BIGINT NOT NULL)"
         )
-        index = f"{VIEW_NAME}_by_recorded_at"
+        index = f"{self.name}_by_recorded_at"
         cursor.execute(
             f"CREATE INDEX IF NOT EXISTS {index} ON {self.table} (recorded_at, obligation_id)"
         )
-
-    def clear(self, cursor: Cursor, dialect: SqlDialect) -> None:
-        cursor.execute(f"DELETE FROM {self.table}")
 
     def apply(self, cursor: Cursor, dialect: SqlDialect, fact: object) -> None:
         if not isinstance(fact, DeliveryObligation.Event):
@@ -196,26 +187,9 @@ class RecoverableObligations:
 
     # -- use --------------------------------------------------------------------------------
 
-    def catch_up(
-        self, *, batch_size: int = DEFAULT_BATCH_SIZE, max_batches: int | None = None
-    ) -> int:
-        return self.runner.catch_up(batch_size=batch_size, max_batches=max_batches)
-
-    def rebuild(self, *, batch_size: int = DEFAULT_BATCH_SIZE) -> int:
-        return self.runner.rebuild(batch_size=batch_size)
-
-    def position(self) -> int:
-        return self.runner.position()
-
     def entries(self) -> list[RecoverableEntry]:
         """Every unresolved obligation, oldest first (the upstream sweep order)."""
         self.runner.ensure_tables()
         with self.dialect.read_cursor() as c:
             c.execute(f"SELECT {_COLUMNS} FROM {self.table} ORDER BY recorded_at, obligation_id")
             return [RecoverableEntry.from_row(row) for row in c.fetchall()]
-
-    def count(self) -> int:
-        self.runner.ensure_tables()
-        with self.dialect.read_cursor() as c:
-            c.execute(f"SELECT COUNT(*) AS n FROM {self.table}")
-            return int(c.fetchone()["n"])
