@@ -25,6 +25,7 @@ from gateway_ledger.domain.errors import InvalidInput
 from gateway_ledger.domain.obligation import DeliveryObligation
 from gateway_ledger.domain.session import Session
 from gateway_ledger.domain.session_route import SessionRoute
+from gateway_ledger.domain.session_source import PERSONAL_FIELDS
 from gateway_ledger.domain.values import AbandonReason, require_text
 from gateway_ledger.infrastructure.private_mapper import (
     ERASED,
@@ -70,22 +71,7 @@ In clear: obligation id, states, times, attempts, fence, platform, owner, error 
 _Session: Any = Session
 _Route: Any = SessionRoute
 
-SOURCE_FIELDS = tuple(
-    f"source.{name}"
-    for name in (
-        "chat_id",
-        "chat_name",
-        "user_id",
-        "user_name",
-        "thread_id",
-        "chat_topic",
-        "user_id_alt",
-        "chat_id_alt",
-        "scope_id",
-        "parent_chat_id",
-        "message_id",
-    )
-)
+SOURCE_FIELDS = tuple(f"source.{name}" for name in PERSONAL_FIELDS)
 """Who and where, in a SessionSource. In clear: platform, chat_type, is_bot, profile."""
 
 SESSION_PRIVACY = PrivacyPolicy(

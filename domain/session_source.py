@@ -35,6 +35,9 @@ _OPTIONAL_TEXT = (
 _ALWAYS = ("chat_id", "chat_name", "chat_type", "user_id", "user_name", "thread_id", "chat_topic")
 _TRUTHY_ONLY = ("user_id_alt", "chat_id_alt", "scope_id", "parent_chat_id", "message_id", "profile")
 TRUST_FLAGS = ("delivered_via_upstream_relay", "role_authorized")
+PERSONAL_FIELDS = ("chat_id", *(name for name in _OPTIONAL_TEXT if name != "profile"))
+"""Who and where: the fields that identify a person or a chat (platform, chat_type, is_bot
+and profile do not)."""
 
 
 def _as_id(value: object) -> object:
