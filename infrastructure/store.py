@@ -6,11 +6,13 @@ SQLite is the default, embedded store. The same applications run on PostgreSQL w
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from gateway_ledger.domain.errors import InvalidInput
+from gateway_ledger.domain.errors import InvalidInput, LedgerError
 
 DEFAULT_BUSY_TIMEOUT_SECONDS = 10  # upstream's busy timeout; writers wait, never fail fast
 
@@ -29,6 +31,7 @@ def sqlite_environment(
     if db.is_dir():
         raise InvalidInput(f"{location} is a directory, not a database file")
     db.parent.mkdir(parents=True, exist_ok=True)
+    ensure_wal(db, busy_timeout)
     return {
         "PERSISTENCE_MODULE": "eventsourcing.sqlite",
         "SQLITE_DBNAME": str(db),
@@ -36,12 +39,36 @@ def sqlite_environment(
     }
 
 
+def ensure_wal(db: Path, busy_timeout: float) -> None:
+    """Put the file in WAL mode before the library connects, waiting out other openers.
+
+    The library switches a new file to WAL on connect, and that switch needs an exclusive
+    lock that SQLite's busy handler does not always wait for: several processes opening
+    a fresh file at once could get "database is locked". WAL is a property of the file,
+    so once it is set here the library only reads it.
+    """
+    deadline = time.monotonic() + busy_timeout
+    while True:
+        conn = sqlite3.connect(db, timeout=busy_timeout)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL").fetchone()
+            return  # WAL, or a file system without it: the library would get the same
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) and "busy" not in str(e):
+                raise
+            if time.monotonic() >= deadline:
+                raise LedgerError(f"{db} stayed locked for {busy_timeout} s") from None
+        finally:
+            conn.close()
+        time.sleep(0.02)
+
+
 @contextmanager
 def opening(location: str | Path) -> Iterator[None]:
     """Hold while an application creates its tables: concurrent first opens must not race."""
     text = str(location)
     if not is_postgres_url(text):
-        yield  # SQLite serialises schema changes itself (busy timeout)
+        yield  # SQLite: WAL is set by ensure_wal; schema changes wait on the busy timeout
         return
     from gateway_ledger.infrastructure.postgres import creation_lock
 
