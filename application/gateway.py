@@ -159,6 +159,7 @@ class Gateway:
         command_prefixes: Sequence[str] = DEFAULT_COMMAND_PREFIXES,
         ledger_deadline: float = DEFAULT_LEDGER_DEADLINE,
         writer: GroupCommitWriter | None = None,
+        write_behind: bool = True,
     ) -> None:
         self.ledger = ledger
         self.sessions = sessions
@@ -170,6 +171,9 @@ class Gateway:
         self._adapters: dict[str, PlatformAdapter] = {}
         self._counters = _Counters()
         self._closed = False
+        self.write_behind = write_behind
+        """Write ``Delivered`` behind the send instead of waiting for it (ADR 0016)."""
+        self._background: set[asyncio.Task[None]] = set()
 
     @classmethod
     def open(
@@ -266,9 +270,17 @@ class Gateway:
             return
         self._closed = True
         await self.scheduler.close()
+        await self.flush()
         await asyncio.get_running_loop().run_in_executor(None, self.writer.close)
         self._deadlines.close()
         self.ledger.close()
+
+    async def flush(self) -> None:
+        """Wait until every result written behind so far has landed or been counted as a
+        fault; call it before reading this gateway's latest results from the ledger."""
+        await self.writer.flush()
+        while self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
 
     async def __aenter__(self) -> Gateway:
         return self
@@ -398,6 +410,35 @@ class Gateway:
             return False
         return True
 
+    def _write_later(self, flight: _Flight, stage: str) -> None:
+        """Save the flight's pending events without waiting: the reply is out already, and
+        the next group commit carries them (ADR 0016). How the write ended is handled when
+        it lands: a lost race still records the result as late, a failure is a fault."""
+        events = flight.agg.collect_events()
+        if not flight.tracked:
+            return
+        future, waiter = self.writer.submit_behind(
+            events, label=flight.oid, after=flight.last_write
+        )
+        flight.last_write = future
+        waiter.add_done_callback(lambda w: self._landed(flight, stage, events, w))
+
+    def _landed(
+        self, flight: _Flight, stage: str, events: Sequence[Any], waiter: asyncio.Future[None]
+    ) -> None:
+        error = None if waiter.cancelled() else waiter.exception()
+        if error is None:
+            return
+        flight.tracked = False
+        if isinstance(error, ConcurrentUpdate):
+            log.info("obligation %s: %s lost to a concurrent writer", flight.oid, stage)
+            flight.conflicted = True
+            task = asyncio.get_running_loop().create_task(self._report_late(flight, events))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+        else:
+            self._fault(flight.oid, stage, error)
+
     async def _report_late(self, flight: _Flight, events: Sequence[Any]) -> None:
         """A result that lost to a claim is still a fact: record it late (ADR 0010)."""
         results = results_of(events)
@@ -449,7 +490,10 @@ class Gateway:
         self._apply(
             flight, lambda: agg.confirm_delivery(by=self.owner, now=self._now(), receipt=receipt)
         )
-        await self._write(flight, "delivered")
+        if self.write_behind:
+            self._write_later(flight, "delivered")
+        else:
+            await self._write(flight, "delivered")
         self._counters.delivered += 1
         return DeliveryOutcome(
             status="delivered",

@@ -12,6 +12,13 @@ condition-variable ping-pong), and an asyncio caller gets an asyncio future that
 writer settles with one ``call_soon_threadsafe`` per group and loop, instead of one
 ``wrap_future`` chain per job.
 
+A write may also ride along (:meth:`GroupCommitWriter.submit_behind`): it does not wake
+the writer, it joins the next group that something waited-for starts, or is committed
+on its own after ``linger`` seconds at most. The delivery path writes a reply's
+``Delivered`` that way (ADR 0016): the reply is already out, so nobody should wait for
+that fact, and the next reply's ``Recorded + Attempting`` carries it to disk in the
+same fsync. Jobs keep their submission order inside a group.
+
 If the group's save fails on optimistic concurrency (``IntegrityError``), the writer does
 not know which obligation conflicted, so it saves each job alone: the innocent ones land,
 the conflicting one gets :class:`ConcurrentUpdate`. Other errors (locked, full, corrupt
@@ -23,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import itertools
 import logging
 import queue
 import threading
@@ -40,6 +48,14 @@ from gateway_ledger.infrastructure.event_append import Append, appender_for
 log = logging.getLogger("gateway_ledger.group_commit")
 
 T = TypeVar("T")
+
+DEFAULT_LINGER = 0.02
+"""Seconds a write-behind job may wait for a group to join before it is committed alone."""
+
+_FLUSH = object()
+"""Queued to make the writer commit the write-behind jobs now."""
+
+_order = itertools.count()
 
 
 class LedgerUnavailable(LedgerError):
@@ -98,6 +114,7 @@ class _Job:
     after: Written | None = None
     waiter: asyncio.Future[None] | None = None
     """Settled on its own loop after ``future``; skipped if the caller stopped waiting."""
+    seq: int = attrs.field(factory=lambda: next(_order))
 
 
 class GroupCommitWriter:
@@ -110,14 +127,19 @@ class GroupCommitWriter:
         max_group: int = 512,
         name: str = "",
         append: Append | None = None,
+        linger: float = DEFAULT_LINGER,
     ) -> None:
         self.app = app
         self.max_group = max_group
+        self.linger = linger
         self.stats = WriterStats()
         # ``append`` stores events in one durable transaction; raising the library's
         # IntegrityError on a version clash (a slower stand-in simulates a slow disk).
         self._append = append or appender_for(app)
-        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Job | object | None] = queue.SimpleQueue()
+        self._behind: list[_Job] = []  # write-behind jobs waiting for the next group
+        self._behind_waiters: list[asyncio.Future[None]] = []  # until settled (flush)
+        self._flush_armed = False
         # Held while a group is taken from the queue (and while submit checks ``_closed``):
         # whoever holds it keeps the writer from starting a group.
         self._cond = threading.RLock()
@@ -164,6 +186,51 @@ class GroupCommitWriter:
         self._enqueue(events, label, after, waiter, handle)
         return handle, waiter
 
+    def submit_behind(
+        self,
+        events: Sequence[Any],
+        *,
+        label: str = "",
+        after: Written | None = None,
+    ) -> tuple[WriteHandle, asyncio.Future[None]]:
+        """Queue events without waking the writer: they join the next group, or are
+        committed alone within ``linger`` seconds. Returns what :meth:`submit_waiting`
+        returns; nobody needs to await the future, but somebody should look at it."""
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        handle = WriteHandle()
+        job = _Job(label, list(events), handle, after, waiter)
+        with self._cond:
+            if self._closed:
+                self._settle([job], LedgerUnavailable("the ledger writer is closed"))
+                return handle, waiter
+            self._behind.append(job)
+            arm = not self._flush_armed
+            self._flush_armed = True
+        waiters = self._behind_waiters
+        if len(waiters) >= 256:
+            waiters[:] = [w for w in waiters if not w.done()]
+        waiters.append(waiter)
+        if arm:
+            loop.call_later(self.linger, self._linger_over)
+        return handle, waiter
+
+    def _linger_over(self) -> None:
+        with self._cond:
+            self._flush_armed = False
+            if self._behind and not self._closed:
+                self._queue.put(_FLUSH)
+
+    async def flush(self) -> None:
+        """Wait until every write-behind job submitted so far is settled (ok or not)."""
+        with self._cond:
+            if self._behind and not self._closed:
+                self._queue.put(_FLUSH)
+        pending = [w for w in self._behind_waiters if not w.done()]
+        self._behind_waiters[:] = pending
+        if pending:
+            await asyncio.wait(pending)
+
     def _enqueue(
         self,
         events: Sequence[Any],
@@ -183,7 +250,9 @@ class GroupCommitWriter:
         await self.submit_waiting(events, label=label)[1]
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run a store read (or a sweep) off the event loop."""
+        """Run a store read (or a sweep) off the event loop, after the write-behind jobs
+        submitted so far have landed (so a read sees this process's own writes)."""
+        await self.flush()
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._reader, fn, *args)
 
@@ -209,7 +278,7 @@ class GroupCommitWriter:
             group: list[_Job] = []
             stop = first is None
             with self._cond:
-                if first is not None:
+                if isinstance(first, _Job):
                     group.append(first)
                 while not stop and len(group) < self.max_group:
                     try:
@@ -218,8 +287,16 @@ class GroupCommitWriter:
                         break
                     if job is None:
                         stop = True
-                    else:
+                    elif isinstance(job, _Job):
                         group.append(job)
+                if self._behind:
+                    # Everything waiting behind rides along (all of it when stopping).
+                    room = len(self._behind) if stop else max(1, self.max_group - len(group))
+                    group += self._behind[:room]
+                    del self._behind[:room]
+                    if self._behind:
+                        self._queue.put(_FLUSH)
+                    group.sort(key=_submitted)
             if group:
                 self._commit_group(group)
             if stop:
@@ -301,6 +378,10 @@ class GroupCommitWriter:
         for loop, waiters in by_loop.items():
             with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
                 loop.call_soon_threadsafe(_wake, waiters, error)
+
+
+def _submitted(job: _Job) -> int:
+    return job.seq
 
 
 def _wake(waiters: list[asyncio.Future[None]], error: BaseException | None) -> None:

@@ -155,6 +155,7 @@ def test_a_gateway_claimed_mid_send_records_its_delivery_late(store_location: st
             other = await claim_while_sending(store_location, adapter)
             out = await sending
             assert out.status == "delivered"  # it did reach the user
+            await gw.flush()  # Delivered is written behind: its lost race shows when it lands
             assert gw.stats().late_results == 1
             assert types(other, out.obligation_id) == [
                 "Recorded",

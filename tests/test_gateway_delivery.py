@@ -34,11 +34,43 @@ def test_a_reply_costs_two_commits_and_leaves_a_full_history(store_location: str
             await gw.start([adapter])
             out = await gw.deliver(CTX, Reply("hello"), "in-1")
             assert out.status == "delivered" and out.message_ids == ("m1",)
+            # Delivered is written behind the send (ADR 0016): durable within the linger.
+            await gw.flush()
             assert types(gw, out.obligation_id) == ["Recorded", "Attempting", "Delivered"]
             assert gw.stats().commits == 2
             assert adapter.sent[0].content == "hello"
             assert adapter.sent[0].reply_to == "in-1"
             assert adapter.sent[0].target.thread_id == "t1"
+
+    run(main())
+
+
+def test_delivered_rides_with_the_next_reply_or_lands_alone_after_the_linger(
+    store_location: str,
+) -> None:
+    async def main() -> None:
+        async with Gateway.open(store_location) as gw:
+            await gw.start([ScriptedAdapter()])
+            first = await gw.deliver(CTX, Reply("one"), "in-1")
+            assert types(gw, first.obligation_id) == ["Recorded", "Attempting"]
+            second = await gw.deliver(CTX, Reply("two"), "in-2")
+            # The second reply's durable point carried the first reply's Delivered.
+            assert types(gw, first.obligation_id)[-1] == "Delivered"
+            assert gw.stats().commits == 2
+            await asyncio.sleep(gw.writer.linger * 5)  # nothing else comes: the linger ends
+            assert types(gw, second.obligation_id)[-1] == "Delivered"
+            assert gw.stats().commits == 3
+
+    run(main())
+
+
+def test_waiting_for_delivered_is_still_available(store_location: str) -> None:
+    async def main() -> None:
+        async with Gateway.open(store_location, write_behind=False) as gw:
+            await gw.start([ScriptedAdapter()])
+            out = await gw.deliver(CTX, Reply("hello"), "in-1")
+            assert types(gw, out.obligation_id)[-1] == "Delivered"
+            assert gw.stats().commits == 2
 
     run(main())
 
@@ -87,6 +119,7 @@ def test_rejected_retries_plain_after_30_then_120_seconds_then_leaves_it_to_the_
             assert clock.pending == 0  # the last recovery attempt is the boot sweep's
             assert [d for _, d in clock.delays] == [30.0, 120.0]
             assert [s.content for s in adapter.sent] == ["hello"] * 3  # never a marker
+            await gw.flush()
             status = gw.ledger.get(out.obligation_id)
             assert (status.state, status.send_attempts, status.needs_marker) == ("failed", 3, False)
 
@@ -104,6 +137,7 @@ def test_ambiguous_failure_marks_the_next_send(store_location: str) -> None:
             await clock.advance(30)
             assert adapter.sent[1].content.startswith(DUPLICATE_NOTICE)
             assert adapter.sent[1].content.endswith("hello")
+            await gw.flush()
             assert gw.ledger.get(out.obligation_id).state == "delivered"
 
     run(main())
@@ -124,6 +158,7 @@ def test_rate_limit_waits_are_capped_and_spend_no_attempt(store_location: str) -
             await clock.advance(30)  # the first backoff slot is still unspent
             assert [d for _, d in clock.delays] == [900.0, 2.0, 30.0]
             assert len(adapter.sent) == 4
+            await gw.flush()
             assert gw.ledger.get(adapter_oid()).state == "delivered"
             assert all(not s.content.startswith(DUPLICATE_NOTICE) for s in adapter.sent)
             assert gw.stats().rate_limit_waits == 2
@@ -144,6 +179,7 @@ def test_dead_target_is_abandoned_at_once_and_never_retried(store_location: str)
             out = await gw.deliver(CTX, Reply("hello"), "in-1")
             assert out.status == "abandoned"
             assert clock.pending == 0
+            await gw.flush()
             status = gw.ledger.get(out.obligation_id)
             assert (status.state, status.abandon_reason) == ("abandoned", "dead_target")
             assert types(gw, out.obligation_id)[-2:] == ["Failed", "Abandoned"]
@@ -244,6 +280,7 @@ def test_multi_part_recovery_resends_only_unconfirmed_parts(store_location: str)
                 ("", ["file:///tmp/a.png"]),
             ]
             oid = compute_obligation_id(KEY, "in-1", "aaabbbccc")
+            await gw.flush()
             status = gw.ledger.get(oid)
             assert status.state == "delivered"
             assert status.receipt[0] == "p0"

@@ -72,6 +72,7 @@ def test_concurrent_deliveries_share_commits(store_location: str) -> None:
             stats = gw.stats()
             assert stats.commits < 2 * 64  # shared fsyncs
             assert stats.largest_group > 1
+            await gw.flush()
             for n in range(64):
                 oid = compute_obligation_id(f"{KEY}{n}", f"in-{n}", f"reply {n}")
                 assert gw.ledger.get(oid).state == "delivered"
@@ -130,6 +131,7 @@ def test_a_locked_store_does_not_stop_the_reply(store_location: str) -> None:
                 ):
                     break
                 await asyncio.sleep(0.05)
+            await gw.flush()
             assert [h.type for h in gw.ledger.history(out.obligation_id)] == [
                 "Recorded",
                 "Attempting",
