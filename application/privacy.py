@@ -83,7 +83,7 @@ SESSION_PRIVACY = PrivacyPolicy(
 )
 """Personal: what was said, by whom, where, and the session key (raw ids in raw_keys mode).
 In clear: session ids, seq, role, times, counters, reset reasons, platform, chat type.
-``InboundMessage`` needs no sealing: the store keys it by keyed hashes only (ADR XXXX).
+``InboundMessage`` needs no sealing: the store keys it by keyed hashes only (ADR 0013).
 The subject is the session key, as in the ledger: one erasure covers both halves."""
 
 _RETRIES = 5

@@ -8,7 +8,7 @@ optimistic concurrency on their versions decides every race.
 
 Personal fields (message text, who and where, the session key) are sealed at rest under the
 session key's data key, the same subject as the delivery ledger's (``SESSION_PRIVACY``,
-ADR 0012 and ADR XXXX); inbound platform message ids are stored only as keyed hashes.
+ADR 0012 and ADR 0013); inbound platform message ids are stored only as keyed hashes.
 """
 
 from __future__ import annotations

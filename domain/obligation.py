@@ -136,7 +136,7 @@ class DeliveryObligation(Aggregate):
         meta = dict(metadata or {})
         require_json_like("metadata", meta)
         # ``_create`` with the event class is what ``cls(...)`` does after mapping its
-        # arguments to keywords, which they already are (ADR XXXX: hot path).
+        # arguments to keywords, which they already are (ADR 0015: hot path).
         recorded: Any = cls._create(
             _event_class(cls, "Recorded"),
             obligation_id=obligation_id,
@@ -216,7 +216,7 @@ class DeliveryObligation(Aggregate):
 
         The same event and the same mutation (its ``@event`` method's body) as calling
         the decorated method, without the decorator's per-call argument mapping, which
-        costs as much as the rest of the event (ADR XXXX). For the delivery hot path.
+        costs as much as the rest of the event (ADR 0015). For the delivery hot path.
         """
         self.trigger_event(_event_class(type(self), name), **kwargs)
 

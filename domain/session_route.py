@@ -87,7 +87,7 @@ class InboundMessage(Aggregate):
     turn, across restarts. Created in the same transaction as the message it marks.
 
     ``chat_scope`` and ``platform_message_id`` are what the application passes: the
-    SessionStore passes keyed hashes, so no raw platform id is stored (ADR XXXX)."""
+    SessionStore passes keyed hashes, so no raw platform id is stored (ADR 0013)."""
 
     platform: str
     platform_message_id: str
