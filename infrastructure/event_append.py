@@ -12,6 +12,12 @@ on a connection it keeps: same file, same table, same rows, same ``synchronous``
 default, FULL), same busy timeout. A duplicate (aggregate id, version) raises the
 library's ``IntegrityError``, exactly as ``save`` does, so optimistic concurrency is
 untouched. Other stores (PostgreSQL) keep ``app.save``: :func:`appender_for`.
+
+A subject seen for the first time gets its data key in the same transaction as the
+events sealed with it (``KeyRing.staging``, ADR 0017): no separate key write, and never a
+sealed event whose key was not stored. If another process stored a key for the same
+subject in between, the transaction is rolled back and the events are sealed again with
+that key.
 """
 
 from __future__ import annotations
@@ -32,7 +38,12 @@ from eventsourcing.persistence import (
 )
 from eventsourcing.sqlite import SQLiteApplicationRecorder
 
+from gateway_ledger.infrastructure.key_table import SQLITE_INSERT_KEY
+from gateway_ledger.infrastructure.keyring import KeyRing, StagedKeys
+
 Append = Callable[[Sequence[Any]], None]
+
+KEY_RACE_RETRIES = 3
 
 
 class SQLiteAppender:
@@ -46,6 +57,8 @@ class SQLiteAppender:
         self.busy_timeout = float(pool.lock_timeout or 5)
         self.statement = recorder.insert_events_statement
         self.to_stored_event = app.mapper.to_stored_event
+        keyring = getattr(app.mapper, "keyring", None)
+        self.keyring: KeyRing | None = keyring if isinstance(keyring, KeyRing) else None
         self._conn: sqlite3.Connection | None = None
         self._lock = threading.Lock()
 
@@ -67,8 +80,19 @@ class SQLiteAppender:
 
     def __call__(self, events: Sequence[Any]) -> None:
         """Store the events in one transaction; returns once the commit is durable."""
-        # Map first: sealing may create a subject key (its own short write transaction).
-        stored = [self.to_stored_event(e) for e in events]
+        for _ in range(KEY_RACE_RETRIES):
+            if self.keyring is None:
+                self._store([self.to_stored_event(e) for e in events], None)
+                return
+            with self.keyring.staging() as staged:
+                stored = [self.to_stored_event(e) for e in events]
+            if self._store(stored, staged):
+                self.keyring.adopt(staged)
+                return
+        raise OperationalError("another writer kept creating the same subjects' data keys")
+
+    def _store(self, stored: list[Any], staged: StagedKeys | None) -> bool:
+        """One transaction: new key rows, then events. False: a key row lost a race."""
         rows = [
             (
                 s.originator_id.hex if isinstance(s.originator_id, UUID) else s.originator_id,
@@ -83,6 +107,11 @@ class SQLiteAppender:
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 try:
+                    if staged is not None and staged.rows:
+                        inserted = conn.executemany(SQLITE_INSERT_KEY, staged.rows).rowcount
+                        if inserted != len(staged.rows):
+                            conn.execute("ROLLBACK")
+                            return False
                     conn.executemany(self.statement, rows)
                     conn.execute("COMMIT")
                 except BaseException:
@@ -100,6 +129,7 @@ class SQLiteAppender:
             except sqlite3.Error as e:
                 self._reset()
                 raise PersistenceError(e) from e
+        return True
 
     def _reset(self) -> None:
         """After a store error, reconnect next time (the file may have been replaced)."""

@@ -6,8 +6,10 @@ rows so that no copy survives in the store's files: on SQLite with ``secure_dele
 and a WAL checkpoint that truncates the log; on PostgreSQL with ``VACUUM FULL``, which
 rewrites the table (the server's WAL and backups are outside our reach, see ADR 0012).
 
-Key rows are written before the events that use them, each table on a private
-connection of its own (one round trip per statement). On SQLite they commit with
+On SQLite the group-commit writer inserts a new subject's key row in the same transaction
+as the events sealed with it (``SQLiteAppender``, ADR 0017). Otherwise key rows are
+written before the events that use them, on a private connection of the key table's own
+(one round trip per statement). On SQLite they commit with
 ``synchronous=NORMAL`` and on PostgreSQL with ``synchronous_commit=off``: both logs are
 sequential, so the fsync of the event's own commit makes the earlier key row durable
 too, and a new subject costs no extra fsync.
@@ -23,6 +25,11 @@ from typing import Any, Protocol
 
 KEYS_TABLE = "gateway_ledger_subject_keys"
 META_TABLE = "gateway_ledger_privacy_meta"
+SQLITE_INSERT_KEY = (
+    f"INSERT OR IGNORE INTO {KEYS_TABLE} (subject_id, key_id, wrapped, created_at) "
+    "VALUES (?, ?, ?, ?)"
+)
+"""Ignored when the subject has a key already (a concurrent creator won)."""
 
 
 class KeyTable(Protocol):
@@ -114,15 +121,7 @@ class SQLiteKeyTable:
 
     def insert(self, key_id: str, subject_id: str, wrapped: bytes, created_at: str) -> bool:
         """Store a new key unless the subject has one (a concurrent creator won): True if ours."""
-        changed = self._write(
-            [
-                (
-                    f"INSERT OR IGNORE INTO {KEYS_TABLE} "
-                    "(subject_id, key_id, wrapped, created_at) VALUES (?, ?, ?, ?)",
-                    (subject_id, key_id, wrapped, created_at),
-                )
-            ]
-        )
+        changed = self._write([(SQLITE_INSERT_KEY, (subject_id, key_id, wrapped, created_at))])
         return changed == 1
 
     def destroy(self, subject_id: str) -> list[str]:

@@ -2,23 +2,28 @@
 
 A subject is one session key, named in the store only by a keyed hash (``subject_id``),
 so neither the key table nor an event envelope holds the session key itself. Unwrapped
-keys are cached per process (bounded LRU) for ``GATEWAY_LEDGER_KEY_CACHE_TTL`` seconds
-(default 60): after an erasure elsewhere, this process stops using the destroyed key
-within that time (ADR 0012 discusses the window).
+keys are cached per process for ``GATEWAY_LEDGER_KEY_CACHE_TTL`` seconds (default 60):
+after an erasure elsewhere, this process stops using the destroyed key within that time
+(ADR 0012 discusses the window).
+
+A writer that stores events in a transaction of its own can create the keys they need
+in that same transaction (:meth:`KeyRing.staging`): the new key is usable at once by the
+staging thread, its row is written with the events, and it joins the shared cache only
+once that commit succeeded (ADR 0017).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import logging
 import os
-import secrets
 import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -28,6 +33,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from gateway_ledger.domain.errors import LedgerError
 from gateway_ledger.infrastructure.key_table import KeyTable
 from gateway_ledger.infrastructure.master_key import derive, load_master_key
+from gateway_ledger.infrastructure.randomness import shared_pool
 
 log = logging.getLogger("gateway_ledger.privacy")
 
@@ -73,6 +79,18 @@ class _LRU:
                 del self._data[k]
 
 
+NewKeyRow = tuple[str, str, bytes, str]
+"""(subject_id, key_id, wrapped key, created_at): a key table row, as inserted."""
+
+
+class StagedKeys:
+    """Keys created inside one writer's transaction: usable by it, cached after commit."""
+
+    def __init__(self) -> None:
+        self.keys: dict[str, tuple[str, AESGCM]] = {}
+        self.rows: list[NewKeyRow] = []
+
+
 class KeyRing:
     """Finds, creates and destroys subject data keys in one store's key table."""
 
@@ -94,7 +112,12 @@ class KeyRing:
             if cache_ttl is not None
             else float(os.environ.get(CACHE_TTL_ENV, DEFAULT_CACHE_TTL))
         )
-        self._sealing = _LRU(cache_size, ttl)  # subject_id -> (key_id, AESGCM)
+        self.cache_size = cache_size
+        self.ttl = ttl
+        # subject_id -> (expires, key_id, AESGCM): read on every sealed event, so a plain
+        # dict (one atomic lookup) rather than the locked LRU; cleared when full.
+        self._sealing: dict[str, tuple[float, str, AESGCM]] = {}
+        self._staged = threading.local()
         self._opening = _LRU(cache_size, ttl)  # key_id -> (subject_id, AESGCM) | None
         self._init_lock = threading.Lock()
         self._wrap: AESGCM | None = None
@@ -155,17 +178,22 @@ class KeyRing:
 
     def sealing_key(self, subject_id: str) -> tuple[str, AESGCM]:
         """The subject's current data key, created (and stored wrapped) on first use."""
-        now = time.monotonic()
-        hit, value = self._sealing.get(subject_id, now)
-        if hit:
-            return value  # type: ignore[return-value]
+        hot = self._sealing.get(subject_id)
+        if hot is not None and hot[0] > time.monotonic():
+            return hot[1], hot[2]
+        staged: StagedKeys | None = getattr(self._staged, "keys", None)
+        if staged is not None and subject_id in staged.keys:
+            return staged.keys[subject_id]
         table = self.table
         row = table.find(subject_id)
         if row is None:
-            key_id = secrets.token_hex(12)
-            dek = AESGCM.generate_key(bit_length=256)
-            created = datetime.now(UTC).isoformat()
-            if table.insert(key_id, subject_id, self._wrap_key(key_id, subject_id, dek), created):
+            key_id, dek, wrapped, created = self._new_key(subject_id)
+            if staged is not None:  # written with the staging writer's events
+                aead = AESGCM(dek)
+                staged.keys[subject_id] = (key_id, aead)
+                staged.rows.append((subject_id, key_id, wrapped, created))
+                return key_id, aead
+            if table.insert(key_id, subject_id, wrapped, created):
                 aead = AESGCM(dek)
                 log.debug("data key created for subject %s", subject_id)
             else:
@@ -174,9 +202,43 @@ class KeyRing:
         if row is not None:
             key_id, wrapped = row
             aead = AESGCM(self._unwrap_key(key_id, subject_id, wrapped))
-        self._sealing.put(subject_id, (key_id, aead), now)
-        self._opening.put(key_id, (subject_id, aead), now)
+        self._cache(subject_id, key_id, aead)
         return key_id, aead
+
+    def _new_key(self, subject_id: str) -> tuple[str, bytes, bytes, str]:
+        key_id = shared_pool.take(12).hex()
+        dek = shared_pool.take(32)  # AES-256: 32 fresh bytes from the OS, used once
+        created = datetime.now(UTC).isoformat()
+        return key_id, dek, self._wrap_key(key_id, subject_id, dek), created
+
+    def _cache(self, subject_id: str, key_id: str, aead: AESGCM) -> None:
+        now = time.monotonic()
+        if len(self._sealing) >= self.cache_size:
+            self._sealing.clear()
+        self._sealing[subject_id] = (now + self.ttl, key_id, aead)
+        self._opening.put(key_id, (subject_id, aead), now)
+
+    @contextlib.contextmanager
+    def staging(self) -> Iterator[StagedKeys]:
+        """Within (on this thread): a new subject's key is created in memory, not stored.
+
+        The caller writes ``rows`` in the transaction that stores the events sealed with
+        them, then calls :meth:`adopt` once that commit succeeded. If the transaction
+        fails, the keys are forgotten with the events that used them.
+        """
+        staged = StagedKeys()
+        self._staged.keys = staged
+        try:
+            yield staged
+        finally:
+            self._staged.keys = None
+
+    def adopt(self, staged: StagedKeys) -> None:
+        """The staged rows are committed: share their keys with every thread."""
+        for subject_id, (key_id, aead) in staged.keys.items():
+            self._cache(subject_id, key_id, aead)
+        if staged.rows:
+            log.debug("data keys created for %d subject(s)", len(staged.rows))
 
     def opening_key(self, subject_id: str, key_id: str) -> tuple[str, AESGCM] | None:
         """The subject's key with this id, or None when it was destroyed (erased)."""
@@ -200,7 +262,7 @@ class KeyRing:
         return destroyed
 
     def evict(self, subject_id: str, key_ids: list[str]) -> None:
-        self._sealing.drop_where(lambda k, _: k == subject_id)
+        self._sealing.pop(subject_id, None)
         gone = set(key_ids)
         self._opening.drop_where(
             lambda k, v: k in gone or (v is not None and v[0] == subject_id)  # type: ignore[index]
@@ -210,7 +272,7 @@ class KeyRing:
 
     def _wrap_key(self, key_id: str, subject_id: str, dek: bytes) -> bytes:
         assert self._wrap is not None
-        nonce = secrets.token_bytes(12)
+        nonce = shared_pool.take(12)
         return nonce + self._wrap.encrypt(nonce, dek, _wrap_aad(key_id, subject_id))
 
     def _unwrap_key(self, key_id: str, subject_id: str, wrapped: bytes) -> bytes:

@@ -23,10 +23,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import logging
-import os
-import threading
-import weakref
-from base64 import b64encode
+from binascii import b2a_base64
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any, ClassVar
@@ -47,6 +44,7 @@ from eventsourcing.utils import get_topic, resolve_topic
 
 from gateway_ledger.infrastructure.key_table import key_table_for
 from gateway_ledger.infrastructure.keyring import KeyRing
+from gateway_ledger.infrastructure.randomness import shared_pool
 
 log = logging.getLogger("gateway_ledger.privacy")
 
@@ -150,49 +148,6 @@ def _with_placeholders(value: Any, changes: dict[str, Any]) -> Any:
     return copy
 
 
-_nonce_pools: weakref.WeakSet[_Nonces] = weakref.WeakSet()
-
-
-def _forget_nonces_after_fork() -> None:
-    for pool in list(_nonce_pools):
-        pool.forget()
-
-
-os.register_at_fork(after_in_child=_forget_nonces_after_fork)
-
-
-class _Nonces:
-    """Random 96-bit AES-GCM nonces, drawn from the OS in bulk.
-
-    As random as ``os.urandom(12)`` per event (each nonce is fresh OS randomness, used
-    once), but one system call per 256 nonces: ``os.urandom`` releases the GIL, and on
-    the busy writer thread each release can cost a wait for the event loop to give it
-    back.
-    """
-
-    BATCH = 256
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pool = b""
-        self._at = 0
-        _nonce_pools.add(self)
-
-    def forget(self) -> None:
-        """After a fork: the child must never reuse the parent's unused nonces."""
-        self._lock = threading.Lock()
-        self._pool = b""
-        self._at = 0
-
-    def take(self) -> bytes:
-        with self._lock:
-            at = self._at
-            if at >= len(self._pool):
-                self._pool, at = os.urandom(12 * self.BATCH), 0
-            self._at = at + 12
-            return self._pool[at : at + 12]
-
-
 @attrs.frozen
 class _SealPlan:
     """A spec's field paths, split once: plain fields, and attrs fields per holder."""
@@ -211,6 +166,17 @@ class _SealPlan:
             else:
                 plain.append(head)
         return cls(tuple(plain), tuple((h, tuple(a)) for h, a in nested.items()))
+
+
+@attrs.frozen
+class _EventClass:
+    """What mapping needs to know of one event class, worked out once per mapper."""
+
+    topic: str
+    class_version: int
+    snapshot: bool
+    spec: SealedEvent | None
+    plan: _SealPlan | None
 
 
 _PLANS: dict[tuple[str, ...], _SealPlan] = {}
@@ -245,7 +211,23 @@ class PrivateMapper(Mapper[UUID]):
         self.encrypt = encrypt
         self.first_event = first_event
         self._subjects: dict[str, str] = {}
-        self._nonces = _Nonces()
+        self._random = shared_pool
+        self._classes: dict[type, _EventClass] = {}
+        self._tagged_with = getattr(transcoder, "tagged_with", None)
+
+    def _event_class(self, cls: type) -> _EventClass:
+        facts = self._classes.get(cls)
+        if facts is None:
+            topic = get_topic(cls)
+            spec = self.policy.by_topic.get(topic)
+            facts = self._classes[cls] = _EventClass(
+                topic=topic,
+                class_version=getattr(cls, "class_version", 1),
+                snapshot=issubclass(cls, Snapshot),
+                spec=spec,
+                plan=_plan(spec.fields) if spec is not None else None,
+            )
+        return facts
 
     # -- subjects of aggregates -------------------------------------------------------------
 
@@ -269,22 +251,22 @@ class PrivateMapper(Mapper[UUID]):
     # -- writing ----------------------------------------------------------------------------
 
     def to_stored_event(self, domain_event: Any) -> StoredEvent:
-        topic = get_topic(domain_event.__class__)
-        state = dict(vars(domain_event))
+        facts = self._event_class(domain_event.__class__)
+        topic = facts.topic
+        state = domain_event.__dict__.copy()
         originator_id = state.pop("originator_id")
         originator_version = state.pop("originator_version")
-        class_version = getattr(type(domain_event), "class_version", 1)
-        if class_version > 1:
-            state["class_version"] = class_version
+        if facts.class_version > 1:
+            state["class_version"] = facts.class_version
         if self.encrypt:
-            if isinstance(domain_event, Snapshot):
+            if facts.snapshot:
                 shot = self.policy.snapshot_by_topic.get(state["topic"])
                 if shot is not None:
                     subject = self.subject_of(originator_id)
                     if subject is not None:  # else: its events were stored in clear
                         state["state"] = dict(state["state"])
                         envelope = self._seal(
-                            shot.fields,
+                            _plan(shot.fields),
                             state["state"],
                             subject,
                             originator_id,
@@ -292,15 +274,14 @@ class PrivateMapper(Mapper[UUID]):
                             topic,
                         )
                         state[SEALED] = envelope
-            else:
-                spec = self.policy.by_topic.get(topic)
-                if spec is not None:
-                    oid_text = str(originator_id)  # once: subject lookup and AAD
-                    found = self._subject_for(spec, state, originator_id, oid_text)
-                    if found is not None:
-                        state[SEALED] = self._seal(
-                            spec.fields, state, found, oid_text, originator_version, topic
-                        )
+            elif facts.spec is not None:
+                assert facts.plan is not None
+                oid_text = str(originator_id)  # once: subject lookup and AAD
+                found = self._subject_for(facts.spec, state, originator_id, oid_text)
+                if found is not None:
+                    state[SEALED] = self._seal(
+                        facts.plan, state, found, oid_text, originator_version, topic
+                    )
         return StoredEvent(
             originator_id=originator_id,
             originator_version=originator_version,
@@ -324,7 +305,7 @@ class PrivateMapper(Mapper[UUID]):
 
     def _seal(
         self,
-        fields: tuple[str, ...],
+        plan: _SealPlan,
         state: dict[str, Any],
         subject: str,
         originator_id: Any,
@@ -332,7 +313,6 @@ class PrivateMapper(Mapper[UUID]):
         topic: str,
     ) -> dict[str, str]:
         """Move the fields' values out of ``state`` into one ciphertext; return the envelope."""
-        plan = _plan(fields)
         secret: dict[str, Any] = {}
         for head in plan.plain:
             value = state.get(head)
@@ -351,22 +331,17 @@ class PrivateMapper(Mapper[UUID]):
                 changes[attr] = ERASED if type(value) is str else placeholder(value)
             if changes:
                 state[head] = self._placeholders(holder, changes)
-        envelope: dict[str, str] = {"s": subject}
-        if secret:
-            key_id, aead = self.keyring.sealing_key(subject)
-            nonce = self._nonces.take()
-            sealed = aead.encrypt(
-                nonce,
-                self.transcoder.encode(secret),
-                _aad(subject, key_id, originator_id, version, topic),
-            )
-            envelope["k"] = key_id
-            envelope["c"] = b64encode(nonce + sealed).decode("ascii")
-        return envelope
+        if not secret:
+            return {"s": subject}
+        key_id, aead = self.keyring.sealing_key(subject)
+        nonce = self._random.take(12)
+        aad = _aad(subject, key_id, originator_id, version, topic)
+        sealed = aead.encrypt(nonce, self.transcoder.encode(secret), aad)
+        return {"s": subject, "k": key_id, "c": b2a_base64(nonce + sealed, newline=False).decode()}
 
     def _placeholders(self, holder: Any, changes: dict[str, Any]) -> Any:
         """The stored form of an attrs value with some fields replaced by placeholders."""
-        tagged_with = getattr(self.transcoder, "tagged_with", None)
+        tagged_with = self._tagged_with
         if tagged_with is not None:
             tagged = tagged_with(holder, changes)
             if tagged is not None:

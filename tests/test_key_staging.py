@@ -1,0 +1,122 @@
+"""A new subject's data key is stored in the same transaction as its first sealed events.
+
+SQLite only: there the group-commit writer owns the transaction (``SQLiteAppender``);
+PostgreSQL writes the key row first on the key table's own connection (test_privacy).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from gateway_ledger.application.ledger import DeliveryLedger
+from gateway_ledger.domain.errors import ConcurrentUpdate
+from gateway_ledger.infrastructure.event_append import SQLiteAppender
+from gateway_ledger.infrastructure.group_commit import GroupCommitWriter
+from gateway_ledger.infrastructure.key_table import KEYS_TABLE
+
+KEY = "agent:main:telegram:dm:4242"
+
+
+def obligation(ledger: DeliveryLedger, oid: str, key: str = KEY) -> Any:
+    return ledger.new_obligation(
+        obligation_id=oid, session_key=key, platform="telegram", chat_id="4242", content="hi"
+    )
+
+
+def key_rows(db: Path) -> list[tuple[str, str]]:
+    reader = DeliveryLedger.open(db)
+    table = reader.private_mapper.keyring.table
+    rows = [(subject, key_id) for key_id, subject, _ in table.rows()]
+    reader.close()
+    return rows
+
+
+def sealed_key_id(ledger: DeliveryLedger, oid: str) -> str:
+    (first,) = ledger.recorder.select_events(ledger._uuid(oid), lte=1)
+    return str(orjson.loads(first.state)["_sealed_"]["k"])
+
+
+def test_the_first_events_of_a_subject_carry_its_key_row_in_their_commit(tmp_path: Path) -> None:
+    db = tmp_path / "ledger.db"
+    ledger = DeliveryLedger.open(db)
+    keyring = ledger.private_mapper.keyring
+    keyring.table.close()  # it reopens to look the subject up, and must write nothing
+    writer = GroupCommitWriter(ledger)
+    writer.submit(obligation(ledger, "o-1").collect_events()).result(timeout=10)
+    writer.submit(obligation(ledger, "o-2").collect_events()).result(timeout=10)
+    writer.close()
+    assert writer.stats.commits == 2  # no extra write for the key
+    private = keyring.table._conn  # type: ignore[attr-defined]
+    assert private is not None and private.total_changes == 0
+    ((subject, key_id),) = key_rows(db)
+    assert subject == keyring.subject_id(KEY)
+    assert sealed_key_id(ledger, "o-1") == sealed_key_id(ledger, "o-2") == key_id
+    fresh = DeliveryLedger.open(db)  # no cached key: it opens from the stored row
+    assert [e.fields["content"] for e in fresh.history("o-1")][:1] == ["hi"]
+
+
+def test_a_key_another_writer_stored_meanwhile_wins_and_the_events_are_sealed_again(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "ledger.db"
+    ours = DeliveryLedger.open(db)
+    theirs = DeliveryLedger.open(db)
+    append = SQLiteAppender(ours)
+    mapped = append.to_stored_event
+    raced: list[str] = []
+    calls: list[Any] = []
+
+    def map_while_another_writer_creates_the_key(event: Any) -> Any:
+        calls.append(event)
+        stored = mapped(event)
+        if not raced:  # after our key was made in memory, before our transaction
+            raced.append(theirs.record_obligation(
+                obligation_id="o-theirs", session_key=KEY, platform="telegram",
+                chat_id="4242", content="theirs",
+            ))  # fmt: skip
+        return stored
+
+    append.to_stored_event = map_while_another_writer_creates_the_key  # type: ignore[method-assign]
+    append(obligation(ours, "o-ours").collect_events())
+    append.close()
+    assert len(calls) == 2  # rolled back once, sealed again
+    ((_, key_id),) = key_rows(db)  # one key for the subject: theirs
+    assert sealed_key_id(ours, "o-ours") == sealed_key_id(theirs, "o-theirs") == key_id
+    reader = DeliveryLedger.open(db)
+    assert reader.history("o-ours")[0].fields["content"] == "hi"
+    assert reader.history("o-theirs")[0].fields["content"] == "theirs"
+
+
+def test_a_group_that_fails_forgets_its_new_keys_and_the_retry_stores_one(tmp_path: Path) -> None:
+    db = tmp_path / "ledger.db"
+    ledger = DeliveryLedger.open(db)
+    ledger.save(obligation(ledger, "o-dup", key="agent:main:telegram:dm:old"))
+    writer = GroupCommitWriter(ledger)
+    new_subjects = [f"agent:main:telegram:dm:new-{i}" for i in range(3)]
+    with writer._cond:  # one group: three new subjects and a clash
+        futures = [
+            writer.submit(obligation(ledger, f"o-{i}", key=k).collect_events())
+            for i, k in enumerate(new_subjects)
+        ]
+        clash = obligation(ledger, "o-dup", key="agent:main:telegram:dm:old")
+        futures.append(writer.submit(clash.collect_events()))
+    assert [f.exception(timeout=10) is None for f in futures[:3]] == [True] * 3
+    assert isinstance(futures[3].exception(timeout=10), ConcurrentUpdate)
+    writer.close()
+    rows = key_rows(db)
+    keyring = ledger.private_mapper.keyring
+    assert sorted(s for s, _ in rows) == sorted(
+        keyring.subject_id(k) for k in [*new_subjects, "agent:main:telegram:dm:old"]
+    )
+    by_subject = dict(rows)
+    for i, k in enumerate(new_subjects):
+        # Sealed with the key that was stored, not with the failed group's forgotten one.
+        assert sealed_key_id(ledger, f"o-{i}") == by_subject[keyring.subject_id(k)]
+    reader = DeliveryLedger.open(db)
+    assert all(reader.history(f"o-{i}")[0].fields["content"] == "hi" for i in range(3))
+    with reader.recorder.datastore.transaction(commit=False) as c:
+        c.execute(f"SELECT count(*) FROM {KEYS_TABLE}")
+        assert c.fetchone()[0] == 4
