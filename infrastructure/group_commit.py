@@ -139,7 +139,7 @@ class GroupCommitWriter:
         self._queue: queue.SimpleQueue[_Job | object | None] = queue.SimpleQueue()
         self._behind: list[_Job] = []  # write-behind jobs waiting for the next group
         self._behind_waiters: list[asyncio.Future[None]] = []  # until settled (flush)
-        self._flush_armed = False
+        self._linger_timer_on: asyncio.AbstractEventLoop | None = None  # loop of the timer
         # Held while a group is taken from the queue (and while submit checks ``_closed``):
         # whoever holds it keeps the writer from starting a group.
         self._cond = threading.RLock()
@@ -205,8 +205,8 @@ class GroupCommitWriter:
                 self._settle([job], LedgerUnavailable("the ledger writer is closed"))
                 return handle, waiter
             self._behind.append(job)
-            arm = not self._flush_armed
-            self._flush_armed = True
+            arm = self._linger_timer_on is not loop  # none yet, or on a loop now gone
+            self._linger_timer_on = loop
         waiters = self._behind_waiters
         if len(waiters) >= 256:
             waiters[:] = [w for w in waiters if not w.done()]
@@ -217,7 +217,7 @@ class GroupCommitWriter:
 
     def _linger_over(self) -> None:
         with self._cond:
-            self._flush_armed = False
+            self._linger_timer_on = None
             if self._behind and not self._closed:
                 self._queue.put(_FLUSH)
 
@@ -226,7 +226,8 @@ class GroupCommitWriter:
         with self._cond:
             if self._behind and not self._closed:
                 self._queue.put(_FLUSH)
-        pending = [w for w in self._behind_waiters if not w.done()]
+        loop = asyncio.get_running_loop()  # a loop that is gone settles nothing any more
+        pending = [w for w in self._behind_waiters if not w.done() and w.get_loop() is loop]
         self._behind_waiters[:] = pending
         if pending:
             await asyncio.wait(pending)

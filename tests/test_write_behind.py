@@ -1,0 +1,71 @@
+"""Write-behind jobs (ADR 0016): they wait for a group to join, or for the linger to end."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from gateway_ledger.application.ledger import DeliveryLedger
+from gateway_ledger.infrastructure.group_commit import GroupCommitWriter
+
+
+def events(ledger: DeliveryLedger, oid: str) -> list[object]:
+    agg = ledger.new_obligation(
+        obligation_id=oid, session_key="agent:main:cli:dm:1", platform="cli", chat_id="1",
+        content="hi",
+    )  # fmt: skip
+    return list(agg.collect_events())
+
+
+def test_a_behind_job_waits_for_the_next_group_and_keeps_its_order(tmp_path: Path) -> None:
+    ledger = DeliveryLedger.open(tmp_path / "l.db")
+    writer = GroupCommitWriter(ledger, linger=60)
+
+    async def main() -> None:
+        _, behind = writer.submit_behind(events(ledger, "o-behind"))
+        await asyncio.sleep(0.2)
+        assert writer.stats.commits == 0 and not behind.done()  # nothing woke the writer
+        await writer.write(events(ledger, "o-waited"))
+        assert behind.done() and behind.exception() is None
+        assert (writer.stats.commits, writer.stats.largest_group) == (1, 2)  # one fsync
+
+    asyncio.run(main())
+    writer.close()
+    ids = [n.originator_id for n in ledger.recorder.select_notifications(1, 10)]
+    assert ids == [ledger._uuid("o-behind"), ledger._uuid("o-waited")]  # submission order
+
+
+def test_flush_and_close_land_what_is_behind(tmp_path: Path) -> None:
+    ledger = DeliveryLedger.open(tmp_path / "l.db")
+    writer = GroupCommitWriter(ledger, linger=60)
+
+    async def main() -> None:
+        _, first = writer.submit_behind(events(ledger, "o-1"))
+        await writer.flush()
+        assert first.done() and ledger.exists("o-1")
+        writer.submit_behind(events(ledger, "o-2"))
+
+    asyncio.run(main())
+    assert not ledger.exists("o-2")
+    writer.close()  # finishes what is queued, behind jobs included
+    assert ledger.exists("o-2")
+
+
+def test_the_linger_ends_on_a_new_loop_after_the_old_one_is_gone(tmp_path: Path) -> None:
+    ledger = DeliveryLedger.open(tmp_path / "l.db")
+    writer = GroupCommitWriter(ledger, linger=0.05)
+
+    async def leave_one_behind() -> None:
+        writer.submit_behind(events(ledger, "o-old"))  # its timer dies with this loop
+
+    async def then_another() -> None:
+        writer.submit_behind(events(ledger, "o-new"))
+        for _ in range(100):
+            if ledger.exists("o-new"):
+                break
+            await asyncio.sleep(0.05)
+
+    asyncio.run(leave_one_behind())
+    asyncio.run(then_another())
+    assert ledger.exists("o-old") and ledger.exists("o-new")
+    writer.close()
