@@ -7,6 +7,7 @@ none answers they are skipped with a printed reason, unless
 
 from __future__ import annotations
 
+import gc
 import os
 import uuid
 from collections.abc import Iterator
@@ -81,6 +82,12 @@ def store_location(backend: str, tmp_path: Path) -> Iterator[str]:
     try:
         yield url
     finally:
+        # A ledger left open in a reference cycle (ledger -> view -> ledger) closes only at
+        # some later collection, or at exit: meanwhile its heartbeat renews and its pooled
+        # connection stays open, and its lease release then hits the dropped schema
+        # ("lease release failed (it will expire): ProgrammingError" after the summary).
+        # Collected here, it closes and releases while its schema still exists.
+        gc.collect()
         drop_postgres_schema(url)
 
 

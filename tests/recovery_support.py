@@ -55,14 +55,13 @@ def record_orphans(
 
 
 def python_child(script: str, **kwargs: Any) -> subprocess.Popen[str]:
-    """A real child interpreter running ``script`` (dedented), pipes in text mode."""
+    """A real child interpreter running ``script`` (dedented), pipes in text mode.
+
+    ``kwargs`` go to Popen and may replace a pipe (``stderr=<file>``, for instance).
+    """
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
     return subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(script)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        **kwargs,
+        [sys.executable, "-c", textwrap.dedent(script)], text=True, **{**pipes, **kwargs}
     )
 
 

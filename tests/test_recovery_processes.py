@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 from collections import Counter
+from pathlib import Path
 
 from recovery_support import dead_owner, python_child, record_orphans, view_snapshot
 
@@ -98,24 +99,43 @@ won = ledger.sweep_recoverable()
 r = ledger.last_sweep
 print(json.dumps({{"won": [w["obligation_id"] for w in won], "lost": r.lost_races,
                   "claimed": r.claimed, "alive": r.skipped_alive}}), flush=True)
+sys.stdin.readline()  # exit only when told: see the test
 """
 
 
-def test_four_sweepers_at_once_claim_each_obligation_exactly_once(store_location: str) -> None:
+def test_four_sweepers_at_once_claim_each_obligation_exactly_once(
+    store_location: str, tmp_path: Path
+) -> None:
+    """Exactly once among LIVE sweepers: no child exits before all four have reported.
+
+    A sweeper that exited is a dead owner, and a slower sibling that first meets its
+    claims after that rightly takes them over with the marker (a claimer that died before
+    sending). Under I/O load one child once finished, exited and was reaped while another
+    still waited on a commit; that one then claimed all 500 a second time.
+    """
     ids = record_orphans(store_location, 500)
-    children = [python_child(SWEEPER.format(location=store_location)) for _ in range(4)]
-    for child in children:
+    # stderr goes to files: the parent reads only stdout while the children run.
+    logs = [tmp_path / f"sweeper-{n}.stderr" for n in range(4)]
+    children = []
+    for log in logs:
+        with log.open("w") as err:  # the child has its own copy of the descriptor
+            children.append(python_child(SWEEPER.format(location=store_location), stderr=err))
+    for child, log in zip(children, logs, strict=True):
         assert child.stdout is not None
-        assert child.stdout.readline().strip() == "ready", child.stderr
+        assert child.stdout.readline().strip() == "ready", log.read_text()
     for child in children:  # release them together
         assert child.stdin is not None
         child.stdin.write("go\n")
         child.stdin.flush()
     reports = []
-    for child in children:
-        out, err = child.communicate(timeout=120)
-        assert child.returncode == 0, err
-        reports.append(json.loads(out.strip().splitlines()[-1]))
+    for child, log in zip(children, logs, strict=True):
+        assert child.stdout is not None
+        line = child.stdout.readline()
+        assert line, f"sweeper exited {child.wait(timeout=120)} unreported: {log.read_text()}"
+        reports.append(json.loads(line))
+    for child, log in zip(children, logs, strict=True):  # all reported: now they may exit
+        child.communicate("exit\n", timeout=120)
+        assert child.returncode == 0, log.read_text()
 
     per_obligation = Counter(oid for report in reports for oid in report["won"])
     assert set(per_obligation) == set(ids)  # the union is all 500
