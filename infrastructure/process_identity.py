@@ -24,13 +24,19 @@ def boot_id() -> str:
 
 
 def process_start_time(pid: int) -> int | None:
-    """Field 22 of /proc/<pid>/stat, or None when the process is gone or /proc is absent."""
+    """Field 22 of /proc/<pid>/stat, or None when the process is gone or /proc is absent.
+
+    A zombie (state ``Z``: exited, not yet reaped by its parent) is gone: it will never
+    send what it claimed, so its claims must not wait for the reaping.
+    """
     try:
         raw = Path(f"/proc/{pid}/stat").read_bytes()
     except OSError:
         return None
     # The command name (field 2) is in parentheses and may itself contain spaces or ')'.
     after_name = raw[raw.rfind(b")") + 2 :].split()
+    if after_name[:1] in ([b"Z"], [b"X"]):  # field 3, the state: zombie or dead
+        return None
     try:
         return int(after_name[19])  # fields 3.. are after the name; 22 is index 19
     except (IndexError, ValueError):

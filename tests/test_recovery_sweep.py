@@ -5,7 +5,11 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import subprocess
+import sys
+import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from recovery_support import dead_owner
@@ -194,6 +198,22 @@ def test_local_liveness_sees_reuse_reboot_and_unknown_start_times() -> None:
     assert not alive(rebooted)
     assert not alive(dead_owner())
     assert alive(OwnerIdentity(host="elsewhere", boot_id="x", pid=1, start_time=None))
+
+
+def test_an_exited_owner_not_yet_reaped_is_dead() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "input()"], stdin=subprocess.PIPE)
+    host = socket.gethostname()
+    started = process_start_time(child.pid)
+    owner = OwnerIdentity(host=host, boot_id=boot_id(), pid=child.pid, start_time=started)
+    alive = LocalLiveness(host)
+    assert started is not None and alive(owner)
+    assert child.stdin is not None
+    child.stdin.close()  # it exits; nobody has waited for it yet: a zombie
+    stat = Path(f"/proc/{child.pid}/stat")
+    while b") Z " not in stat.read_bytes():
+        time.sleep(0.01)
+    assert not alive(owner)  # it will never send what it claimed
+    child.wait()
 
 
 def test_batched_reload_rebuilds_the_same_aggregates_as_the_repository(
