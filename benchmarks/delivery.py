@@ -3,16 +3,17 @@
 Baseline (written here, like upstream): one mutable SQLite row per obligation, INSERT then
 two UPDATEs, one transaction each, called synchronously (upstream calls it on the event
 loop). Ours: ``Gateway.deliver`` with a platform that answers at once: record+attempting
-in one commit, delivered in a second, group-committed across concurrent conversations on
-a writer thread. Both on SQLite in WAL mode with ``synchronous=FULL`` (SQLite's default),
-on the same disk, measured in one run.
+in one commit before the send, ``Delivered`` written behind it (ADR 0016), group-committed
+across concurrent conversations on a writer thread. Both on SQLite in WAL mode with
+``synchronous=FULL`` (SQLite's default), on the same disk, measured in one run.
 
-The machine is shared, so one run of each side says little: the script runs several
-rounds, each measuring the baseline and ours back to back on fresh files (which side
-goes first alternates), and prints the median rate of each side and the median of the
-per-round ratios.
+Side by side: the three contenders (baseline, ours, ours with ``encrypt=False``) are
+opened once, warmed up, and then take turns, one short segment each, many times over
+(the order rotates every turn), each segment timed and summed per side. A shared, noisy
+machine then slows all three alike instead of whichever happened to run during a burst.
+Each of our segments ends with ``flush()``, so its written-behind results count in it.
 
-    python benchmarks/delivery.py [--quick] [--rounds N]
+    python benchmarks/delivery.py [--quick] [--segments N]
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sqlite3
-import statistics
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -97,88 +97,119 @@ def work(n: int, conv: int) -> tuple[str, str, str, str]:
     return compute_obligation_id(key, f"in-{n}", content), key, str(conv), content
 
 
-async def baseline(path: Path, total: int, concurrency: int) -> float:
-    ledger = MutableRowLedger(path)
-    assert ledger.synchronous() == 2  # FULL
+class Contender:
+    """One side of the comparison, open for the whole run: ``segment`` is timed."""
 
-    async def conversation(conv: int, count: int) -> None:
-        for n in range(count):
+    async def run(self, conv: int, first: int, count: int) -> None:
+        raise NotImplementedError
+
+    async def segment(self, first: int, count: int, concurrency: int) -> float:
+        started = time.perf_counter()
+        await asyncio.gather(*(self.run(c, first, count) for c in range(concurrency)))
+        await self.settle()
+        return time.perf_counter() - started
+
+    async def settle(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
+class Baseline(Contender):
+    def __init__(self, path: Path) -> None:
+        self.ledger = MutableRowLedger(path)
+        assert self.ledger.synchronous() == 2  # FULL
+
+    async def run(self, conv: int, first: int, count: int) -> None:
+        ledger = self.ledger
+        for n in range(first, first + count):
             oid, key, chat, content = work(n, conv)
             ledger.record(oid, key, chat, content)  # sync on the loop, as upstream does
             ledger.mark(oid, "attempting")
             await asyncio.sleep(0)  # the send
             ledger.mark(oid, "delivered")
 
-    started = time.perf_counter()
-    per = total // concurrency
-    await asyncio.gather(*(conversation(c, per) for c in range(concurrency)))
-    elapsed = time.perf_counter() - started
-    ledger.conn.close()
-    return per * concurrency / elapsed
+    async def close(self) -> None:
+        self.ledger.conn.close()
 
 
-async def ours(
-    path: Path, total: int, concurrency: int, *, encrypt: bool = True
-) -> tuple[float, int]:
-    gateway = Gateway(DeliveryLedger.open(path, encrypt=encrypt))
-    with gateway.ledger.recorder.datastore.transaction(commit=False) as c:
-        c.execute("PRAGMA synchronous")
-        assert c.fetchone()[0] == 2  # FULL, the library's (and SQLite's) default
-    append: Any = getattr(gateway.writer, "_append", None)
-    if hasattr(append, "synchronous"):
-        assert append.synchronous() == 2  # the writer's own connection: FULL too
-    await gateway.start([InstantPlatform()])
+class Ours(Contender):
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
 
-    async def conversation(conv: int, count: int) -> None:
-        for n in range(count):
+    @classmethod
+    async def open(cls, path: Path, *, encrypt: bool) -> Ours:
+        gateway = Gateway(DeliveryLedger.open(path, encrypt=encrypt))
+        with gateway.ledger.recorder.datastore.transaction(commit=False) as c:
+            c.execute("PRAGMA synchronous")
+            assert c.fetchone()[0] == 2  # FULL, the library's (and SQLite's) default
+        append: Any = getattr(gateway.writer, "_append", None)
+        if hasattr(append, "synchronous"):
+            assert append.synchronous() == 2  # the writer's own connection: FULL too
+        await gateway.start([InstantPlatform()])
+        return cls(gateway)
+
+    async def run(self, conv: int, first: int, count: int) -> None:
+        deliver = self.gateway.deliver
+        for n in range(first, first + count):
             _, key, chat, content = work(n, conv)
-            out = await gateway.deliver(
-                ReplyContext(key, "telegram", chat), Reply(content), f"in-{n}"
-            )
+            out = await deliver(ReplyContext(key, "telegram", chat), Reply(content), f"in-{n}")
             assert out.status == "delivered", out
 
-    started = time.perf_counter()
-    per = total // concurrency
-    await asyncio.gather(*(conversation(c, per) for c in range(concurrency)))
-    elapsed = time.perf_counter() - started
-    commits = gateway.stats().commits
-    await gateway.close()
-    return per * concurrency / elapsed, commits
+    async def settle(self) -> None:
+        await self.gateway.flush()
+
+    async def close(self) -> None:
+        await self.gateway.close()
+
+
+SIDES = ("base", "ours", "clear")
+
+
+async def compare(
+    tmp: Path, concurrency: int, per_segment: int, segments: int
+) -> tuple[dict[str, list[float]], float]:
+    """Seconds per segment for each side, and our commits per lifecycle."""
+    tag = f"c{concurrency}"
+    sides: dict[str, Contender] = {
+        "base": Baseline(tmp / f"base-{tag}.db"),
+        "ours": await Ours.open(tmp / f"ours-{tag}.db", encrypt=True),
+        "clear": await Ours.open(tmp / f"clear-{tag}.db", encrypt=False),
+    }
+    count = per_segment // concurrency  # lifecycles per conversation and segment
+    for side in sides.values():  # warm-up: tables, connections, data keys, caches
+        await side.segment(0, count, concurrency)
+    ours = sides["ours"]
+    assert isinstance(ours, Ours)
+    commits_before = ours.gateway.stats().commits
+    times: dict[str, list[float]] = {name: [] for name in SIDES}
+    for turn in range(segments):
+        first = (turn + 1) * count
+        order = SIDES[turn % 3 :] + SIDES[: turn % 3]
+        for name in order:
+            times[name].append(await sides[name].segment(first, count, concurrency))
+    commits = ours.gateway.stats().commits - commits_before
+    for side in sides.values():
+        await side.close()
+    return times, commits / (count * concurrency * segments)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer lifecycles (CI smoke run)")
-    parser.add_argument("--rounds", type=int, default=0, help="rounds (default 7, quick 2)")
+    parser.add_argument("--quick", action="store_true", help="fewer segments (CI smoke run)")
+    parser.add_argument("--segments", type=int, default=0, help="turns per side (default 15)")
     args = parser.parse_args()
-    rounds = args.rounds or (2 if args.quick else 7)
-    sequential = 150 if args.quick else 600
-    concurrent = 640 if args.quick else 1280
+    segments = args.segments or (3 if args.quick else 15)
     tmp = Path(tempfile.mkdtemp(prefix="gateway-ledger-bench-"))
     scenarios = (
-        ("(a) one conversation at a time", sequential, 1),
-        (f"(b) {CONCURRENCY} concurrent conversations", concurrent, CONCURRENCY),
+        ("(a) one conversation at a time", 1, 200),
+        (f"(b) {CONCURRENCY} concurrent conversations", CONCURRENCY, 640),
     )
-    runs: dict[int, list[tuple[float, float, float, float]]] = {c: [] for _, _, c in scenarios}
-    for r in range(rounds):
-        for _, total, conc in scenarios:
-            paths = {side: tmp / f"{side}-{conc}-{r}.db" for side in ("base", "ours", "clear")}
-            sides = ["base", "ours", "clear"]
-            order = sides[r % 3 :] + sides[: r % 3]  # rotate who runs first each round
-            rate: dict[str, float] = {}
-            commits = 0
-            for side in order:
-                if side == "base":
-                    rate[side] = asyncio.run(baseline(paths[side], total, conc))
-                elif side == "ours":
-                    rate[side], commits = asyncio.run(ours(paths[side], total, conc))
-                else:
-                    rate[side], _ = asyncio.run(ours(paths[side], total, conc, encrypt=False))
-            runs[conc].append((rate["base"], rate["ours"], rate["clear"], commits / total))
     print(
-        "record -> attempting -> delivered lifecycles/s, SQLite WAL, synchronous=FULL,"
-        f" median of {rounds} interleaved rounds; gateway-ledger encrypts personal fields"
-        " (ADR 0012); the last columns run it with encrypt=False side by side"
+        "record -> attempting -> delivered lifecycles/s, SQLite WAL, synchronous=FULL;"
+        f" {segments} interleaved segments per side; gateway-ledger encrypts personal"
+        " fields (ADR 0012), and runs with encrypt=False side by side"
     )
     print(
         "| scenario | mutable-row baseline | gateway-ledger | ratio | commits/lifecycle"
@@ -186,20 +217,24 @@ def main() -> None:
     )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     ratios, costs = [], []
-    for label, _, conc in scenarios:
-        rows = runs[conc]
-        base = statistics.median(b for b, _, _, _ in rows)
-        mine = statistics.median(m for _, m, _, _ in rows)
-        clear = statistics.median(c for _, _, c, _ in rows)
-        ratio = statistics.median(m / b for b, m, _, _ in rows)
-        spread = sorted(m / b for b, m, _, _ in rows)
-        cost = statistics.median(1 - m / c for _, m, c, _ in rows)
-        cpl = statistics.median(x for _, _, _, x in rows)
+    for label, concurrency, per_segment in scenarios:
+        times, cpl = asyncio.run(compare(tmp, concurrency, per_segment, segments))
+        n = (per_segment // concurrency) * concurrency
+        rate = {name: n * len(t) / sum(t) for name, t in times.items()}
+        ratio = rate["ours"] / rate["base"]
+        cost = 1 - rate["ours"] / rate["clear"]
+        # Spread: the middle half of the per-turn ratios (turns are short and noisy).
+        turns = sorted(b / o for b, o in zip(times["base"], times["ours"], strict=True))
+        costs_by_turn = sorted(
+            1 - c / o for c, o in zip(times["clear"], times["ours"], strict=True)
+        )
+        q = len(turns) // 4
         ratios.append(ratio)
         costs.append(cost)
         print(
-            f"| {label} | {base:,.0f}/s | {mine:,.0f}/s | {ratio:.2f}x"
-            f" ({spread[0]:.2f}-{spread[-1]:.2f}) | {cpl:.2f} | {clear:,.0f}/s | {cost:+.1%} |"
+            f"| {label} | {rate['base']:,.0f}/s | {rate['ours']:,.0f}/s | {ratio:.2f}x"
+            f" ({turns[q]:.2f}-{turns[-1 - q]:.2f}) | {cpl:.2f} | {rate['clear']:,.0f}/s"
+            f" | {cost:+.1%} ({costs_by_turn[q]:+.1%} to {costs_by_turn[-1 - q]:+.1%}) |"
         )
     print(f"targets: (a) >= 1x -> {ratios[0]:.2f}x, (b) >= 2x -> {ratios[1]:.2f}x")
     print(f"encryption cost target <= 15%: (a) {costs[0]:+.1%}, (b) {costs[1]:+.1%}")
