@@ -22,7 +22,6 @@ import os
 import threading
 import time
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -47,36 +46,6 @@ _keyrings: weakref.WeakSet[KeyRing] = weakref.WeakSet()
 
 class MasterKeyMismatch(LedgerError):
     """The store's keys were wrapped by another master key: refuse rather than lose data."""
-
-
-class _LRU:
-    """A small thread-safe LRU with per-entry expiry."""
-
-    def __init__(self, size: int, ttl: float) -> None:
-        self.size = size
-        self.ttl = ttl
-        self._data: OrderedDict[str, tuple[float, object]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: str, now: float) -> tuple[bool, object]:
-        with self._lock:
-            hit = self._data.get(key)
-            if hit is None or hit[0] <= now:
-                return False, None
-            self._data.move_to_end(key)
-            return True, hit[1]
-
-    def put(self, key: str, value: object, now: float) -> None:
-        with self._lock:
-            self._data[key] = (now + self.ttl, value)
-            self._data.move_to_end(key)
-            while len(self._data) > self.size:
-                self._data.popitem(last=False)
-
-    def drop_where(self, predicate: Callable[[str, object], bool]) -> None:
-        with self._lock:
-            for k in [k for k, (_, v) in self._data.items() if predicate(k, v)]:
-                del self._data[k]
 
 
 NewKeyRow = tuple[str, str, bytes, str]
@@ -118,7 +87,8 @@ class KeyRing:
         # dict (one atomic lookup) rather than the locked LRU; cleared when full.
         self._sealing: dict[str, tuple[float, str, AESGCM]] = {}
         self._staged = threading.local()
-        self._opening = _LRU(cache_size, ttl)  # key_id -> (subject_id, AESGCM) | None
+        # key_id -> (expires, (subject_id, AESGCM) or None when destroyed): same reasoning.
+        self._opening: dict[str, tuple[float, tuple[str, AESGCM] | None]] = {}
         self._init_lock = threading.Lock()
         self._wrap: AESGCM | None = None
         self._name_key = b""
@@ -216,7 +186,7 @@ class KeyRing:
         if len(self._sealing) >= self.cache_size:
             self._sealing.clear()
         self._sealing[subject_id] = (now + self.ttl, key_id, aead)
-        self._opening.put(key_id, (subject_id, aead), now)
+        self._remember_opening(key_id, (subject_id, aead), now)
 
     @contextlib.contextmanager
     def staging(self) -> Iterator[StagedKeys]:
@@ -243,15 +213,20 @@ class KeyRing:
     def opening_key(self, subject_id: str, key_id: str) -> tuple[str, AESGCM] | None:
         """The subject's key with this id, or None when it was destroyed (erased)."""
         now = time.monotonic()
-        hit, value = self._opening.get(key_id, now)
-        if hit:
-            return value  # type: ignore[return-value]
+        hit = self._opening.get(key_id)
+        if hit is not None and hit[0] > now:
+            return hit[1]
         wrapped = self.table.get(subject_id, key_id)
         result = None
         if wrapped is not None:
             result = (subject_id, AESGCM(self._unwrap_key(key_id, subject_id, wrapped)))
-        self._opening.put(key_id, result, now)
+        self._remember_opening(key_id, result, now)
         return result
+
+    def _remember_opening(self, key_id: str, value: tuple[str, AESGCM] | None, now: float) -> None:
+        if len(self._opening) >= self.cache_size:
+            self._opening.clear()
+        self._opening[key_id] = (now + self.ttl, value)
 
     def destroy(self, subject_id: str) -> list[str]:
         """Delete every key of the subject from the store and from every cache here."""
@@ -264,9 +239,9 @@ class KeyRing:
     def evict(self, subject_id: str, key_ids: list[str]) -> None:
         self._sealing.pop(subject_id, None)
         gone = set(key_ids)
-        self._opening.drop_where(
-            lambda k, v: k in gone or (v is not None and v[0] == subject_id)  # type: ignore[index]
-        )
+        for key_id, (_, value) in list(self._opening.items()):
+            if key_id in gone or (value is not None and value[0] == subject_id):
+                self._opening.pop(key_id, None)
 
     # -- wrapping ---------------------------------------------------------------------------
 
