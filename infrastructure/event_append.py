@@ -39,11 +39,9 @@ from eventsourcing.persistence import (
 from eventsourcing.sqlite import SQLiteApplicationRecorder
 
 from gateway_ledger.infrastructure.key_table import SQLITE_INSERT_KEY
-from gateway_ledger.infrastructure.keyring import KeyRing, StagedKeys
+from gateway_ledger.infrastructure.keyring import KEY_RACE_RETRIES, KeyRing, StagedKeys
 
 Append = Callable[[Sequence[Any]], None]
-
-KEY_RACE_RETRIES = 3
 
 
 class SQLiteAppender:

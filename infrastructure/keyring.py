@@ -48,6 +48,9 @@ class MasterKeyMismatch(LedgerError):
     """The store's keys were wrapped by another master key: refuse rather than lose data."""
 
 
+KEY_RACE_RETRIES = 3
+"""Times a writer seals again after another writer stored a new subject's key first."""
+
 NewKeyRow = tuple[str, str, bytes, str]
 """(subject_id, key_id, wrapped key, created_at): a key table row, as inserted."""
 

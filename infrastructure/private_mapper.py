@@ -33,8 +33,10 @@ import orjson
 from cryptography.exceptions import InvalidTag
 from eventsourcing.domain import Snapshot
 from eventsourcing.persistence import (
+    InfrastructureFactory,
     Mapper,
     MapperDeserialisationError,
+    OperationalError,
     StoredEvent,
     Transcoder,
     find_id_convertor,
@@ -42,7 +44,8 @@ from eventsourcing.persistence import (
 from eventsourcing.utils import get_topic, resolve_topic
 
 from gateway_ledger.infrastructure.key_table import key_table_for
-from gateway_ledger.infrastructure.keyring import KeyRing
+from gateway_ledger.infrastructure.keyed_recorder import KeyedSQLiteApplicationRecorder, KeyRaceLost
+from gateway_ledger.infrastructure.keyring import KEY_RACE_RETRIES, KeyRing
 from gateway_ledger.infrastructure.randomness import shared_pool
 
 log = logging.getLogger("gateway_ledger.privacy")
@@ -52,6 +55,7 @@ ERASED = "[erased]"
 
 SEALED = "_sealed_"
 ENCRYPT_ENV = "GATEWAY_LEDGER_ENCRYPT"
+RECORDER_TOPIC = InfrastructureFactory.APPLICATION_RECORDER_TOPIC
 _OFF = {"0", "n", "no", "false", "off"}
 _MAX_REMEMBERED = 100_000
 _STATE_ONLY: ContextVar[bool] = ContextVar("gateway_ledger_state_only", default=False)
@@ -447,6 +451,30 @@ class PrivateEvents:
     privacy_policy: ClassVar[PrivacyPolicy] = PrivacyPolicy()
     env: Any
     recorder: Any
+
+    def construct_env(self, name: str, env: Any = None) -> Any:
+        """On SQLite, the recorder that stores new data keys with their events."""
+        environment = super().construct_env(name, env)  # type: ignore[misc]
+        sqlite = environment.get("PERSISTENCE_MODULE") == "eventsourcing.sqlite"
+        if sqlite and not environment.get(RECORDER_TOPIC):
+            environment[RECORDER_TOPIC] = get_topic(KeyedSQLiteApplicationRecorder)
+        return environment
+
+    def _record(self, processing_event: Any) -> Any:
+        """Map and insert inside ``KeyRing.staging``: new keys go in the events' commit."""
+        recorder = self.recorder
+        if not isinstance(recorder, KeyedSQLiteApplicationRecorder):
+            return super()._record(processing_event)  # type: ignore[misc]
+        keyring = self.private_mapper.keyring
+        for _ in range(KEY_RACE_RETRIES):
+            with keyring.staging() as staged, recorder.keys_from(staged):
+                try:
+                    recordings = super()._record(processing_event)  # type: ignore[misc]
+                except KeyRaceLost:
+                    continue  # rolled back: map again, with the key that won
+            keyring.adopt(staged)
+            return recordings
+        raise OperationalError("another writer kept creating the same subjects' data keys")
 
     def construct_mapper(self) -> Mapper[UUID]:
         env = self.env

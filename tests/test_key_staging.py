@@ -120,3 +120,56 @@ def test_a_group_that_fails_forgets_its_new_keys_and_the_retry_stores_one(tmp_pa
     with reader.recorder.datastore.transaction(commit=False) as c:
         c.execute(f"SELECT count(*) FROM {KEYS_TABLE}")
         assert c.fetchone()[0] == 4
+
+
+# -- the synchronous API (Application.save) on SQLite: KeyedSQLiteApplicationRecorder ------
+
+
+def record(ledger: DeliveryLedger, oid: str, content: str = "hi", key: str = KEY) -> None:
+    ledger.record_obligation(
+        obligation_id=oid, session_key=key, platform="telegram", chat_id="4242",
+        content=content,
+    )  # fmt: skip
+
+
+def test_the_synchronous_api_writes_a_new_key_in_the_events_transaction(tmp_path: Path) -> None:
+    db = tmp_path / "ledger.db"
+    ledger = DeliveryLedger.open(db)
+    keyring = ledger.private_mapper.keyring
+    keyring.table.close()  # it reopens to look the subject up, and must write nothing
+    record(ledger, "o-1")
+    ledger.mark_attempting("o-1")
+    ledger.mark_delivered("o-1", ["m-1"])
+    private = keyring.table._conn  # type: ignore[attr-defined]
+    assert private is not None and private.total_changes == 0
+    ((subject, key_id),) = key_rows(db)
+    assert subject == keyring.subject_id(KEY) and sealed_key_id(ledger, "o-1") == key_id
+    fresh = DeliveryLedger.open(db)
+    assert fresh.get("o-1").state == "delivered"
+    assert fresh.history("o-1")[0].fields["content"] == "hi"
+
+
+def test_the_synchronous_api_seals_again_when_another_writer_stored_the_key_first(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "ledger.db"
+    ours = DeliveryLedger.open(db)
+    theirs = DeliveryLedger.open(db)
+    mapped = ours.mapper.to_stored_event
+    calls: list[Any] = []
+
+    def map_while_another_writer_creates_the_key(event: Any) -> Any:
+        calls.append(event)
+        stored = mapped(event)
+        if len(calls) == 1:  # our key exists in memory only; theirs is stored now
+            record(theirs, "o-theirs", content="theirs")
+        return stored
+
+    ours.mapper.to_stored_event = map_while_another_writer_creates_the_key  # type: ignore[method-assign]
+    record(ours, "o-ours")
+    assert len(calls) == 2  # rolled back once, sealed again
+    ((_, key_id),) = key_rows(db)
+    assert sealed_key_id(ours, "o-ours") == sealed_key_id(theirs, "o-theirs") == key_id
+    reader = DeliveryLedger.open(db)
+    assert reader.history("o-ours")[0].fields["content"] == "hi"
+    assert reader.history("o-theirs")[0].fields["content"] == "theirs"
