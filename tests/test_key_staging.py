@@ -6,10 +6,12 @@ PostgreSQL writes the key row first on the key table's own connection (test_priv
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from gateway_ledger.application.ledger import DeliveryLedger
 from gateway_ledger.domain.errors import ConcurrentUpdate
@@ -39,6 +41,28 @@ def sealed_key_id(ledger: DeliveryLedger, oid: str) -> str:
     return str(orjson.loads(first.state)["_sealed_"]["k"])
 
 
+def record(ledger: DeliveryLedger, oid: str, content: str = "hi", key: str = KEY) -> None:
+    ledger.record_obligation(
+        obligation_id=oid, session_key=key, platform="telegram", chat_id="4242",
+        content=content,
+    )  # fmt: skip
+
+
+def racing(mapped: Callable[[Any], Any], race: Callable[[], None]) -> tuple[Any, list[Any]]:
+    """A mapper that lets another writer store the subject's key after its first event
+    (our new key then exists in memory only), and the events it was asked to map."""
+    calls: list[Any] = []
+
+    def map_then_race(event: Any) -> Any:
+        calls.append(event)
+        stored = mapped(event)
+        if len(calls) == 1:
+            race()
+        return stored
+
+    return map_then_race, calls
+
+
 def test_the_first_events_of_a_subject_carry_its_key_row_in_their_commit(tmp_path: Path) -> None:
     db = tmp_path / "ledger.db"
     ledger = DeliveryLedger.open(db)
@@ -58,30 +82,25 @@ def test_the_first_events_of_a_subject_carry_its_key_row_in_their_commit(tmp_pat
     assert [e.fields["content"] for e in fresh.history("o-1")][:1] == ["hi"]
 
 
+@pytest.mark.parametrize("path", ["group-commit writer", "synchronous API"])
 def test_a_key_another_writer_stored_meanwhile_wins_and_the_events_are_sealed_again(
-    tmp_path: Path,
+    tmp_path: Path, path: str
 ) -> None:
     db = tmp_path / "ledger.db"
     ours = DeliveryLedger.open(db)
     theirs = DeliveryLedger.open(db)
-    append = SQLiteAppender(ours)
-    mapped = append.to_stored_event
-    raced: list[str] = []
-    calls: list[Any] = []
 
-    def map_while_another_writer_creates_the_key(event: Any) -> Any:
-        calls.append(event)
-        stored = mapped(event)
-        if not raced:  # after our key was made in memory, before our transaction
-            raced.append(theirs.record_obligation(
-                obligation_id="o-theirs", session_key=KEY, platform="telegram",
-                chat_id="4242", content="theirs",
-            ))  # fmt: skip
-        return stored
+    def race() -> None:
+        record(theirs, "o-theirs", content="theirs")
 
-    append.to_stored_event = map_while_another_writer_creates_the_key  # type: ignore[method-assign]
-    append(obligation(ours, "o-ours").collect_events())
-    append.close()
+    if path == "group-commit writer":
+        append = SQLiteAppender(ours)
+        append.to_stored_event, calls = racing(append.to_stored_event, race)  # type: ignore[method-assign]
+        append(obligation(ours, "o-ours").collect_events())
+        append.close()
+    else:
+        ours.mapper.to_stored_event, calls = racing(ours.mapper.to_stored_event, race)  # type: ignore[method-assign]
+        record(ours, "o-ours")
     assert len(calls) == 2  # rolled back once, sealed again
     ((_, key_id),) = key_rows(db)  # one key for the subject: theirs
     assert sealed_key_id(ours, "o-ours") == sealed_key_id(theirs, "o-theirs") == key_id
@@ -125,13 +144,6 @@ def test_a_group_that_fails_forgets_its_new_keys_and_the_retry_stores_one(tmp_pa
 # -- the synchronous API (Application.save) on SQLite: KeyedSQLiteApplicationRecorder ------
 
 
-def record(ledger: DeliveryLedger, oid: str, content: str = "hi", key: str = KEY) -> None:
-    ledger.record_obligation(
-        obligation_id=oid, session_key=key, platform="telegram", chat_id="4242",
-        content=content,
-    )  # fmt: skip
-
-
 def test_the_synchronous_api_writes_a_new_key_in_the_events_transaction(tmp_path: Path) -> None:
     db = tmp_path / "ledger.db"
     ledger = DeliveryLedger.open(db)
@@ -147,29 +159,3 @@ def test_the_synchronous_api_writes_a_new_key_in_the_events_transaction(tmp_path
     fresh = DeliveryLedger.open(db)
     assert fresh.get("o-1").state == "delivered"
     assert fresh.history("o-1")[0].fields["content"] == "hi"
-
-
-def test_the_synchronous_api_seals_again_when_another_writer_stored_the_key_first(
-    tmp_path: Path,
-) -> None:
-    db = tmp_path / "ledger.db"
-    ours = DeliveryLedger.open(db)
-    theirs = DeliveryLedger.open(db)
-    mapped = ours.mapper.to_stored_event
-    calls: list[Any] = []
-
-    def map_while_another_writer_creates_the_key(event: Any) -> Any:
-        calls.append(event)
-        stored = mapped(event)
-        if len(calls) == 1:  # our key exists in memory only; theirs is stored now
-            record(theirs, "o-theirs", content="theirs")
-        return stored
-
-    ours.mapper.to_stored_event = map_while_another_writer_creates_the_key  # type: ignore[method-assign]
-    record(ours, "o-ours")
-    assert len(calls) == 2  # rolled back once, sealed again
-    ((_, key_id),) = key_rows(db)
-    assert sealed_key_id(ours, "o-ours") == sealed_key_id(theirs, "o-theirs") == key_id
-    reader = DeliveryLedger.open(db)
-    assert reader.history("o-ours")[0].fields["content"] == "hi"
-    assert reader.history("o-theirs")[0].fields["content"] == "theirs"
