@@ -291,12 +291,10 @@ class GroupCommitWriter:
                     elif isinstance(job, _Job):
                         group.append(job)
                 if self._behind:
-                    # Everything waiting behind rides along (all of it when stopping).
-                    room = len(self._behind) if stop else max(1, self.max_group - len(group))
-                    group += self._behind[:room]
-                    del self._behind[:room]
-                    if self._behind:
-                        self._queue.put(_FLUSH)
+                    # Everything waiting behind rides along, even past ``max_group``: a
+                    # later write of the same obligation may be in this group already.
+                    group += self._behind
+                    self._behind.clear()
                     group.sort(key=_submitted)
             if group:
                 self._commit_group(group)

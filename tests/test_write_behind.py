@@ -69,3 +69,28 @@ def test_the_linger_ends_on_a_new_loop_after_the_old_one_is_gone(tmp_path: Path)
     asyncio.run(then_another())
     assert ledger.exists("o-old") and ledger.exists("o-new")
     writer.close()
+
+
+def test_every_behind_job_rides_even_past_max_group(tmp_path: Path) -> None:
+    """A waited write chained after a behind one (same obligation) is never refused."""
+    ledger = DeliveryLedger.open(tmp_path / "l.db")
+    writer = GroupCommitWriter(ledger, linger=60, max_group=1)
+
+    async def main() -> None:
+        agg = ledger.new_obligation(
+            obligation_id="o-x", session_key="agent:main:cli:dm:1", platform="cli",
+            chat_id="1", content="hi",
+        )  # fmt: skip
+        await writer.write(agg.collect_events())
+        for i in range(3):  # unrelated jobs waiting behind, submitted first
+            writer.submit_behind(events(ledger, f"o-{i}"))
+        agg.start_attempt(by=ledger.owner, now=ledger.clock())
+        attempting, _ = writer.submit_behind(agg.collect_events())
+        agg.confirm_delivery(by=ledger.owner, now=ledger.clock(), receipt=["m-1"])
+        _, delivered = writer.submit_waiting(agg.collect_events(), after=attempting)
+        await delivered  # its earlier write rode in the same group: admitted
+
+    asyncio.run(main())
+    writer.close()
+    assert [h.type for h in ledger.history("o-x")] == ["Recorded", "Attempting", "Delivered"]
+    assert all(ledger.exists(f"o-{i}") for i in range(3))
