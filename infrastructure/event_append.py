@@ -38,8 +38,8 @@ from eventsourcing.persistence import (
 )
 from eventsourcing.sqlite import SQLiteApplicationRecorder
 
-from gateway_ledger.infrastructure.key_table import SQLITE_INSERT_KEY
-from gateway_ledger.infrastructure.keyring import KEY_RACE_RETRIES, KeyRing, StagedKeys
+from gateway_ledger.infrastructure.key_table import insert_staged_keys
+from gateway_ledger.infrastructure.keyring import KeyRing, StagedKeys
 
 Append = Callable[[Sequence[Any]], None]
 
@@ -78,19 +78,15 @@ class SQLiteAppender:
 
     def __call__(self, events: Sequence[Any]) -> None:
         """Store the events in one transaction; returns once the commit is durable."""
-        for _ in range(KEY_RACE_RETRIES):
-            if self.keyring is None:
-                self._store([self.to_stored_event(e) for e in events], None)
-                return
-            with self.keyring.staging() as staged:
-                stored = [self.to_stored_event(e) for e in events]
-            if self._store(stored, staged):
-                self.keyring.adopt(staged)
-                return
-        raise OperationalError("another writer kept creating the same subjects' data keys")
+        if self.keyring is None:
+            self._store([self.to_stored_event(e) for e in events], None)
+        else:
+            self.keyring.writing_new_keys(
+                lambda staged: self._store([self.to_stored_event(e) for e in events], staged)
+            )
 
-    def _store(self, stored: list[Any], staged: StagedKeys | None) -> bool:
-        """One transaction: new key rows, then events. False: a key row lost a race."""
+    def _store(self, stored: list[Any], staged: StagedKeys | None) -> None:
+        """One transaction: new key rows (``KeyRaceLost`` if one lost a race), then events."""
         rows = [
             (
                 s.originator_id.hex if isinstance(s.originator_id, UUID) else s.originator_id,
@@ -105,11 +101,8 @@ class SQLiteAppender:
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 try:
-                    if staged is not None and staged.rows:
-                        inserted = conn.executemany(SQLITE_INSERT_KEY, staged.rows).rowcount
-                        if inserted != len(staged.rows):
-                            conn.execute("ROLLBACK")
-                            return False
+                    if staged is not None:
+                        insert_staged_keys(conn.cursor(), staged.rows)
                     conn.executemany(self.statement, rows)
                     conn.execute("COMMIT")
                 except BaseException:
@@ -127,7 +120,6 @@ class SQLiteAppender:
             except sqlite3.Error as e:
                 self._reset()
                 raise PersistenceError(e) from e
-        return True
 
     def _reset(self) -> None:
         """After a store error, reconnect next time (the file may have been replaced)."""

@@ -32,6 +32,20 @@ SQLITE_INSERT_KEY = (
 """Ignored when the subject has a key already (a concurrent creator won)."""
 
 
+class KeyRaceLost(Exception):
+    """Another writer stored a key for one of the new subjects first: seal again with it."""
+
+
+def insert_staged_keys(cursor: sqlite3.Cursor, rows: Sequence[tuple[Any, ...]]) -> None:
+    """Insert new key rows in the caller's transaction, before the events sealed with them.
+
+    Raises ``KeyRaceLost`` if one was ignored (another writer stored it first); the caller's
+    transaction must then roll back.
+    """
+    if rows and cursor.executemany(SQLITE_INSERT_KEY, rows).rowcount != len(rows):
+        raise KeyRaceLost
+
+
 class KeyTable(Protocol):
     def get_meta(self, name: str) -> str | None: ...
     def put_meta_once(self, name: str, value: str) -> str: ...

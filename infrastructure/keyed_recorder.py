@@ -18,12 +18,8 @@ from typing import Any
 from eventsourcing.persistence import StoredEvent
 from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteCursor
 
-from gateway_ledger.infrastructure.key_table import SQLITE_INSERT_KEY
+from gateway_ledger.infrastructure.key_table import insert_staged_keys
 from gateway_ledger.infrastructure.keyring import StagedKeys
-
-
-class KeyRaceLost(Exception):
-    """Another writer stored a key for one of the new subjects first: seal again with it."""
 
 
 class KeyedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
@@ -46,9 +42,6 @@ class KeyedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
         self, c: SQLiteCursor, stored_events: Sequence[StoredEvent], **kwargs: Any
     ) -> Sequence[int] | None:
         staged: StagedKeys | None = getattr(self._staging, "keys", None)
-        if staged is not None and staged.rows:
-            cursor = c.sqlite_cursor
-            cursor.executemany(SQLITE_INSERT_KEY, staged.rows)
-            if cursor.rowcount != len(staged.rows):
-                raise KeyRaceLost  # the library's transaction rolls back
+        if staged is not None:  # KeyRaceLost: the library's transaction rolls back
+            insert_staged_keys(c.sqlite_cursor, staged.rows)
         return super()._insert_events(c, stored_events, **kwargs)

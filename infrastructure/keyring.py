@@ -25,12 +25,14 @@ import weakref
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from eventsourcing.persistence import OperationalError
 
 from gateway_ledger.domain.errors import LedgerError
-from gateway_ledger.infrastructure.key_table import KeyTable
+from gateway_ledger.infrastructure.key_table import KeyRaceLost, KeyTable
 from gateway_ledger.infrastructure.master_key import derive, load_master_key
 from gateway_ledger.infrastructure.randomness import shared_pool
 
@@ -50,6 +52,9 @@ class MasterKeyMismatch(LedgerError):
 
 KEY_RACE_RETRIES = 3
 """Times a writer seals again after another writer stored a new subject's key first."""
+
+T = TypeVar("T")
+
 
 NewKeyRow = tuple[str, str, bytes, str]
 """(subject_id, key_id, wrapped key, created_at): a key table row, as inserted."""
@@ -205,6 +210,24 @@ class KeyRing:
             yield staged
         finally:
             self._staged.keys = None
+
+    def writing_new_keys(self, write: Callable[[StagedKeys], T]) -> T:
+        """Run ``write`` (map events and store them, new key rows first, in one transaction)
+        inside :meth:`staging`; share its new keys once it succeeded.
+
+        ``write`` raises :class:`KeyRaceLost` when a key row was ignored because another
+        writer stored that subject's key meanwhile; it runs again, and the mapping then
+        finds the stored key (one key per subject).
+        """
+        for _ in range(KEY_RACE_RETRIES):
+            with self.staging() as staged:
+                try:
+                    result = write(staged)
+                except KeyRaceLost:
+                    continue
+            self.adopt(staged)
+            return result
+        raise OperationalError("another writer kept creating the same subjects' data keys")
 
     def adopt(self, staged: StagedKeys) -> None:
         """The staged rows are committed: share their keys with every thread."""

@@ -36,7 +36,6 @@ from eventsourcing.persistence import (
     InfrastructureFactory,
     Mapper,
     MapperDeserialisationError,
-    OperationalError,
     StoredEvent,
     Transcoder,
     find_id_convertor,
@@ -44,8 +43,8 @@ from eventsourcing.persistence import (
 from eventsourcing.utils import get_topic, resolve_topic
 
 from gateway_ledger.infrastructure.key_table import key_table_for
-from gateway_ledger.infrastructure.keyed_recorder import KeyedSQLiteApplicationRecorder, KeyRaceLost
-from gateway_ledger.infrastructure.keyring import KEY_RACE_RETRIES, KeyRing
+from gateway_ledger.infrastructure.keyed_recorder import KeyedSQLiteApplicationRecorder
+from gateway_ledger.infrastructure.keyring import KeyRing, StagedKeys
 from gateway_ledger.infrastructure.randomness import shared_pool
 
 log = logging.getLogger("gateway_ledger.privacy")
@@ -465,16 +464,13 @@ class PrivateEvents:
         recorder = self.recorder
         if not isinstance(recorder, KeyedSQLiteApplicationRecorder):
             return super()._record(processing_event)  # type: ignore[misc]
-        keyring = self.private_mapper.keyring
-        for _ in range(KEY_RACE_RETRIES):
-            with keyring.staging() as staged, recorder.keys_from(staged):
-                try:
-                    recordings = super()._record(processing_event)  # type: ignore[misc]
-                except KeyRaceLost:
-                    continue  # rolled back: map again, with the key that won
-            keyring.adopt(staged)
-            return recordings
-        raise OperationalError("another writer kept creating the same subjects' data keys")
+        record = super()._record  # type: ignore[misc]
+
+        def write(staged: StagedKeys) -> Any:
+            with recorder.keys_from(staged):
+                return record(processing_event)
+
+        return self.private_mapper.keyring.writing_new_keys(write)
 
     def construct_mapper(self) -> Mapper[UUID]:
         env = self.env
