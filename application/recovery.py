@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
+from collections import Counter
 from collections.abc import Callable, Collection
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -80,26 +81,6 @@ class SweepResult:
         return sum(self.abandoned.values())
 
 
-@attrs.define
-class _Tally:
-    claimed: int = 0
-    lost_races: int = 0
-    abandoned: dict[str, int] = attrs.field(factory=dict)
-    skipped_offline: int = 0
-    skipped_alive: int = 0
-    skipped_own: int = 0
-    resolved_meanwhile: int = 0
-    errors: int = 0
-
-    def result(self, candidates: int, applied: int, started: float) -> SweepResult:
-        return SweepResult(
-            **attrs.asdict(self),  # copies the abandoned-by-reason dict too
-            candidates=candidates,
-            view_events_applied=applied,
-            elapsed_ms=(time.perf_counter() - started) * 1000,
-        )
-
-
 def redelivery(obligation: DeliveryObligation, needs_marker: bool) -> dict[str, Any]:
     """What the gateway needs to send it again: the upstream keys, plus what upstream lost."""
     target = obligation.target
@@ -159,7 +140,8 @@ class RecoverySweep:
         self.platforms = None if deliverable_platforms is None else set(deliverable_platforms)
         self.liveness = liveness
         self.me = ledger.owner
-        self.tally = _Tally()
+        self.counts: Counter[str] = Counter()  # SweepResult's counters, by field name
+        self.abandoned: Counter[str] = Counter()  # by reason
         self.batch_size = max(1, batch_size)
         self.won: list[dict[str, Any]] = []
         self._alive: dict[OwnerIdentity, bool] = {}
@@ -178,9 +160,9 @@ class RecoverySweep:
         orphaned = []
         for entry in entries:
             if entry.owner == self.me:
-                self.tally.skipped_own += 1
+                self.counts["skipped_own"] += 1
             elif self.is_alive(entry.owner):
-                self.tally.skipped_alive += 1
+                self.counts["skipped_alive"] += 1
             else:
                 orphaned.append(entry)
         position = 0
@@ -196,12 +178,19 @@ class RecoverySweep:
                 if decision is not None:
                     batch.append(decision)
             self.commit(batch)
-        if self.won or self.tally.abandoned:
+        if self.won or self.abandoned:
             try:
                 applied += view.catch_up()  # reflect our own claims; repairable if it fails
             except PersistenceError as e:
                 log.warning("sweep: view catch-up after claims failed (repaired later): %s", e)
-        return self.tally.result(len(entries), applied, started), self.won
+        result = SweepResult(
+            **self.counts,
+            abandoned=dict(self.abandoned),
+            candidates=len(entries),
+            view_events_applied=applied,
+            elapsed_ms=(time.perf_counter() - started) * 1000,
+        )
+        return result, self.won
 
     def load(self, _: str, chunk: list[RecoverableEntry]) -> dict[UUID, DeliveryObligation]:
         """The chunk's aggregates, current as of now, read in one query."""
@@ -212,7 +201,7 @@ class RecoverySweep:
         try:
             return step(obligation_id, *args)
         except (PersistenceError, LedgerError) as e:
-            self.tally.errors += 1
+            self.counts["errors"] += 1
             log.warning("sweep: obligation %s skipped: %s", obligation_id, e)
             return None
 
@@ -220,23 +209,23 @@ class RecoverySweep:
         self, obligation_id: str, seen_owner: OwnerIdentity, loaded: Any = None
     ) -> _Decision | None:
         """Let the (re)loaded aggregate decide; the view row may be out of date."""
-        tally = self.tally
+        counts = self.counts
         try:
             obligation = self.ledger._load(obligation_id) if loaded is None else loaded
         except NotFound:
             obligation = _MISSING
         if obligation is _MISSING:
-            tally.resolved_meanwhile += 1
+            counts["resolved_meanwhile"] += 1
             return None
         if obligation.is_resolved:
-            tally.resolved_meanwhile += 1
+            counts["resolved_meanwhile"] += 1
             return None
         if obligation.owner != seen_owner:
             if obligation.owner == self.me:
-                tally.skipped_own += 1
+                counts["skipped_own"] += 1
                 return None
             if self.is_alive(obligation.owner):
-                tally.lost_races += 1  # another sweeper claimed it since the view was read
+                counts["lost_races"] += 1  # another sweeper claimed it since the view was read
                 return None
         policy = self.ledger.policy
         reason = None
@@ -245,7 +234,7 @@ class RecoverySweep:
         elif policy.is_stale(obligation.recorded_at, self.now):
             reason = AbandonReason.STALE
         elif self.platforms is not None and obligation.platform not in self.platforms:
-            tally.skipped_offline += 1
+            counts["skipped_offline"] += 1
             return None
         needs_marker = obligation.needs_marker
         owner_before = obligation.owner
@@ -267,7 +256,7 @@ class RecoverySweep:
             self.ledger.save(*(d.obligation for d in batch))
         except (IntegrityError, PersistenceError) as e:
             if len(batch) == 1 and isinstance(e, IntegrityError):
-                self.tally.lost_races += 1
+                self.counts["lost_races"] += 1
                 log.debug(
                     "sweep: %s taken by a concurrent sweeper", batch[0].obligation.obligation_id
                 )
@@ -287,7 +276,7 @@ class RecoverySweep:
         try:
             self.ledger.save(decision.obligation)
         except IntegrityError:
-            self.tally.lost_races += 1
+            self.counts["lost_races"] += 1
             log.debug("sweep: %s taken by a concurrent sweeper", obligation_id)
             return
         self.done(decision)
@@ -296,10 +285,10 @@ class RecoverySweep:
         obligation = d.obligation
         if d.abandon_reason is not None:
             reason = d.abandon_reason.value
-            self.tally.abandoned[reason] = self.tally.abandoned.get(reason, 0) + 1
+            self.abandoned[reason] += 1
             log.info("sweep: abandoned %s (%s)", obligation.obligation_id, reason)
             return
-        self.tally.claimed += 1
+        self.counts["claimed"] += 1
         log.debug(
             "sweep: claimed %s attempt=%d needs_marker=%s",
             obligation.obligation_id,

@@ -61,9 +61,9 @@ class _PreviewSweep(RecoverySweep):
             ob = d.obligation
             reason = d.abandon_reason.value if d.abandon_reason else None
             if reason is None:
-                self.tally.claimed += 1
+                self.counts["claimed"] += 1
             else:
-                self.tally.abandoned[reason] = self.tally.abandoned.get(reason, 0) + 1
+                self.abandoned[reason] += 1
             self.actions.append(
                 PlannedAction(
                     obligation_id=ob.obligation_id,
