@@ -58,7 +58,20 @@ class KeyTable(Protocol):
     def close(self) -> None: ...
 
 
-class SQLiteKeyTable:
+class _OwnConnection:
+    """A key table keeps a private connection, outside the store's pool, until closed."""
+
+    _conn: Any
+    _lock: threading.Lock
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+
+class SQLiteKeyTable(_OwnConnection):
     """A private connection to the store's file: secure_delete on, its own transactions."""
 
     def __init__(self, db_path: str, events_table: str, busy_timeout: float = 10.0) -> None:
@@ -187,14 +200,8 @@ class SQLiteKeyTable:
         )
         return [str(r[0]) for r in rows]
 
-    def close(self) -> None:
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
 
-
-class PostgresKeyTable:
+class PostgresKeyTable(_OwnConnection):
     """The key table in the store's schema, through one private autocommit connection.
 
     Not through the library's pool: a pool checkout pings the server and wraps each
@@ -335,12 +342,6 @@ class PostgresKeyTable:
             (list(topics), needle),
         )
         return [str(r[0]) for r in rows]
-
-    def close(self) -> None:
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
 
 
 def key_table_for(recorder: Any) -> KeyTable:
