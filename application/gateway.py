@@ -310,7 +310,7 @@ class Gateway:
     # -- the delivery path --------------------------------------------------------------------
 
     def skip_reason(self, context: ReplyContext, reply: Reply) -> str | None:
-        if not reply.content.strip() and not reply.media:
+        if (not reply.content or reply.content.isspace()) and not reply.media:
             return "empty"
         if reply.ephemeral:
             return "ephemeral"
@@ -417,18 +417,17 @@ class Gateway:
         events = flight.agg.collect_events()
         if not flight.tracked:
             return
-        future, waiter = self.writer.submit_behind(
-            events, label=flight.oid, after=flight.last_write
+        flight.last_write = self.writer.submit_behind(
+            events,
+            label=flight.oid,
+            after=flight.last_write,
+            on_error=lambda error: self._not_landed(flight, stage, events, error),
         )
-        flight.last_write = future
-        waiter.add_done_callback(lambda w: self._landed(flight, stage, events, w))
 
-    def _landed(
-        self, flight: _Flight, stage: str, events: Sequence[Any], waiter: asyncio.Future[None]
+    def _not_landed(
+        self, flight: _Flight, stage: str, events: Sequence[Any], error: BaseException
     ) -> None:
-        error = None if waiter.cancelled() else waiter.exception()
-        if error is None:
-            return
+        """On the loop: a write behind the send did not land."""
         flight.tracked = False
         if isinstance(error, ConcurrentUpdate):
             log.info("obligation %s: %s lost to a concurrent writer", flight.oid, stage)

@@ -17,7 +17,9 @@ the writer, it joins the next group that something waited-for starts, or is comm
 on its own after ``linger`` seconds at most. The delivery path writes a reply's
 ``Delivered`` that way (ADR 0016): the reply is already out, so nobody should wait for
 that fact, and the next reply's ``Recorded + Attempting`` carries it to disk in the
-same fsync. Jobs keep their submission order inside a group.
+same fsync. Jobs keep their submission order inside a group. A write behind that lands
+costs the event loop nothing more: only a failure is reported back (``on_error``), and
+:meth:`GroupCommitWriter.flush` is answered by the writer in queue order.
 
 If the group's save fails on optimistic concurrency (``IntegrityError``), the writer does
 not know which obligation conflicted, so it saves each job alone: the innocent ones land,
@@ -54,6 +56,14 @@ DEFAULT_LINGER = 0.02
 
 _FLUSH = object()
 """Queued to make the writer commit the write-behind jobs now."""
+
+
+@attrs.define
+class _FlushRequest:
+    """Queued by :meth:`GroupCommitWriter.flush`; answered once what was behind has landed."""
+
+    waiter: asyncio.Future[None]
+
 
 _order = itertools.count()
 
@@ -114,6 +124,9 @@ class _Job:
     after: Written | None = None
     waiter: asyncio.Future[None] | None = None
     """Settled on its own loop after ``future``; skipped if the caller stopped waiting."""
+    on_error: tuple[asyncio.AbstractEventLoop, Callable[[BaseException], object]] | None = None
+    """A write-behind job's failure report: called on that loop, and only on a failure."""
+    behind: bool = False
     seq: int = attrs.field(factory=lambda: next(_order))
 
 
@@ -138,7 +151,7 @@ class GroupCommitWriter:
         self._append = append or appender_for(app)
         self._queue: queue.SimpleQueue[_Job | object | None] = queue.SimpleQueue()
         self._behind: list[_Job] = []  # write-behind jobs waiting for the next group
-        self._behind_waiters: list[asyncio.Future[None]] = []  # until settled (flush)
+        self._behind_unsettled = 0  # submitted behind and not settled yet (under _cond)
         self._linger_timer_on: asyncio.AbstractEventLoop | None = None  # loop of the timer
         # Held while a group is taken from the queue (and while submit checks ``_closed``):
         # whoever holds it keeps the writer from starting a group.
@@ -192,28 +205,27 @@ class GroupCommitWriter:
         *,
         label: str = "",
         after: Written | None = None,
-    ) -> tuple[WriteHandle, asyncio.Future[None]]:
+        on_error: Callable[[BaseException], object] | None = None,
+    ) -> WriteHandle:
         """Queue events without waking the writer: they join the next group, or are
-        committed alone within ``linger`` seconds. Returns what :meth:`submit_waiting`
-        returns; nobody needs to await the future, but somebody should look at it."""
+        committed alone within ``linger`` seconds. Nothing wakes the caller when they
+        land; if they do not, ``on_error(error)`` is called on the caller's loop.
+        :meth:`flush` waits until they are settled either way."""
         loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
         handle = WriteHandle()
-        job = _Job(label, list(events), handle, after, waiter)
+        report = (loop, on_error) if on_error is not None else None
+        job = _Job(label, list(events), handle, after, None, report, True)
         with self._cond:
             if self._closed:
                 self._settle([job], LedgerUnavailable("the ledger writer is closed"))
-                return handle, waiter
+                return handle
             self._behind.append(job)
+            self._behind_unsettled += 1
             arm = self._linger_timer_on is not loop  # none yet, or on a loop now gone
             self._linger_timer_on = loop
-        waiters = self._behind_waiters
-        if len(waiters) >= 256:
-            waiters[:] = [w for w in waiters if not w.done()]
-        waiters.append(waiter)
         if arm:
             loop.call_later(self.linger, self._linger_over)
-        return handle, waiter
+        return handle
 
     def _linger_over(self) -> None:
         with self._cond:
@@ -222,15 +234,17 @@ class GroupCommitWriter:
                 self._queue.put(_FLUSH)
 
     async def flush(self) -> None:
-        """Wait until every write-behind job submitted so far is settled (ok or not)."""
+        """Wait until every write-behind job submitted so far is settled (ok or not).
+
+        The writer answers in queue order, after the group that carries those jobs: the
+        jobs are either in that group or were settled by an earlier one. A closed writer
+        settles them on its way out (``close`` waits for that)."""
         with self._cond:
-            if self._behind and not self._closed:
-                self._queue.put(_FLUSH)
-        loop = asyncio.get_running_loop()  # a loop that is gone settles nothing any more
-        pending = [w for w in self._behind_waiters if not w.done() and w.get_loop() is loop]
-        self._behind_waiters[:] = pending
-        if pending:
-            await asyncio.wait(pending)
+            if self._behind_unsettled == 0 or self._closed:
+                return
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._queue.put(_FlushRequest(waiter))
+        await waiter
 
     def _enqueue(
         self,
@@ -273,24 +287,25 @@ class GroupCommitWriter:
     # -- writer thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
-        take = self._queue.get_nowait
+        pending = self._queue
+        flushes: list[_FlushRequest] = []
         while True:
-            first = self._queue.get()  # sleeps until there is work
+            item = pending.get()  # sleeps until there is work
             group: list[_Job] = []
-            stop = first is None
+            stop = False
             with self._cond:
-                if isinstance(first, _Job):
-                    group.append(first)
-                while not stop and len(group) < self.max_group:
-                    try:
-                        job = take()
-                    except queue.Empty:
-                        break
-                    if job is None:
+                while True:
+                    if item is None:
                         stop = True
-                    elif isinstance(job, _Job):
-                        group.append(job)
-                if self._behind:
+                    elif isinstance(item, _Job):
+                        group.append(item)
+                    elif isinstance(item, _FlushRequest):
+                        flushes.append(item)
+                    if stop or len(group) >= self.max_group or pending.empty():
+                        break
+                    item = pending.get_nowait()
+                behind = len(self._behind)
+                if behind:
                     # Everything waiting behind rides along, even past ``max_group``: a
                     # later write of the same obligation may be in this group already.
                     group += self._behind
@@ -298,6 +313,12 @@ class GroupCommitWriter:
                     group.sort(key=_submitted)
             if group:
                 self._commit_group(group)
+            if behind:
+                with self._cond:
+                    self._behind_unsettled -= behind
+            if flushes:
+                _answer(flushes)
+                flushes.clear()
             if stop:
                 return
 
@@ -365,13 +386,18 @@ class GroupCommitWriter:
 
     @staticmethod
     def _settle(jobs: list[_Job], error: BaseException | None) -> None:
-        """Resolve the jobs' futures, then wake each waiting loop once for all its jobs."""
+        """Resolve the jobs' futures, then wake each waiting loop once for all its jobs.
+        A write-behind job wakes nobody, unless it failed and has someone to tell."""
         by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
         for job in jobs:
             if error is None:
                 job.future.set_result(None)
             else:
                 job.future.set_exception(error)
+                if job.on_error is not None:
+                    loop, report = job.on_error
+                    with contextlib.suppress(RuntimeError):  # that loop is gone
+                        loop.call_soon_threadsafe(report, error)
             if job.waiter is not None:
                 by_loop.setdefault(job.waiter.get_loop(), []).append(job.waiter)
         for loop, waiters in by_loop.items():
@@ -381,6 +407,12 @@ class GroupCommitWriter:
 
 def _submitted(job: _Job) -> int:
     return job.seq
+
+
+def _answer(flushes: list[_FlushRequest]) -> None:
+    for flush in flushes:
+        with contextlib.suppress(RuntimeError):  # its loop is gone: nobody waits any more
+            flush.waiter.get_loop().call_soon_threadsafe(_wake, [flush.waiter], None)
 
 
 def _wake(waiters: list[asyncio.Future[None]], error: BaseException | None) -> None:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from gateway_ledger.application.ledger import DeliveryLedger
+from gateway_ledger.domain.errors import ConcurrentUpdate
 from gateway_ledger.infrastructure.group_commit import GroupCommitWriter
 
 
@@ -22,7 +25,7 @@ def test_a_behind_job_waits_for_the_next_group_and_keeps_its_order(tmp_path: Pat
     writer = GroupCommitWriter(ledger, linger=60)
 
     async def main() -> None:
-        _, behind = writer.submit_behind(events(ledger, "o-behind"))
+        behind = writer.submit_behind(events(ledger, "o-behind"))
         await asyncio.sleep(0.2)
         assert writer.stats.commits == 0 and not behind.done()  # nothing woke the writer
         await writer.write(events(ledger, "o-waited"))
@@ -40,7 +43,7 @@ def test_flush_and_close_land_what_is_behind(tmp_path: Path) -> None:
     writer = GroupCommitWriter(ledger, linger=60)
 
     async def main() -> None:
-        _, first = writer.submit_behind(events(ledger, "o-1"))
+        first = writer.submit_behind(events(ledger, "o-1"))
         await writer.flush()
         assert first.done() and ledger.exists("o-1")
         writer.submit_behind(events(ledger, "o-2"))
@@ -85,7 +88,7 @@ def test_every_behind_job_rides_even_past_max_group(tmp_path: Path) -> None:
         for i in range(3):  # unrelated jobs waiting behind, submitted first
             writer.submit_behind(events(ledger, f"o-{i}"))
         agg.start_attempt(by=ledger.owner, now=ledger.clock())
-        attempting, _ = writer.submit_behind(agg.collect_events())
+        attempting = writer.submit_behind(agg.collect_events())
         agg.confirm_delivery(by=ledger.owner, now=ledger.clock(), receipt=["m-1"])
         _, delivered = writer.submit_waiting(agg.collect_events(), after=attempting)
         await delivered  # its earlier write rode in the same group: admitted
@@ -94,3 +97,36 @@ def test_every_behind_job_rides_even_past_max_group(tmp_path: Path) -> None:
     writer.close()
     assert [h.type for h in ledger.history("o-x")] == ["Recorded", "Attempting", "Delivered"]
     assert all(ledger.exists(f"o-{i}") for i in range(3))
+
+
+def test_only_a_failed_behind_job_reports_back_and_flush_waits_for_it(tmp_path: Path) -> None:
+    """A write behind that lands wakes nobody; one that fails calls ``on_error`` on the loop."""
+    ledger = DeliveryLedger.open(tmp_path / "l.db")
+    writer = GroupCommitWriter(ledger, linger=60)
+    reports: list[tuple[str, BaseException]] = []
+
+    async def main() -> None:
+        loop_thread = threading.get_ident()
+
+        def report(label: str) -> Callable[[BaseException], None]:
+            def on_error(error: BaseException) -> None:
+                assert threading.get_ident() == loop_thread  # called on the caller's loop
+                reports.append((label, error))
+
+            return on_error
+
+        twice = events(ledger, "o-dup")
+        writer.submit_behind(events(ledger, "o-ok"), on_error=report("o-ok"))
+        writer.submit_behind(twice, on_error=report("o-dup first"))
+        clash = writer.submit_behind(list(twice), on_error=report("o-dup again"))
+        await writer.flush()
+        assert clash.done() and isinstance(clash.exception(), ConcurrentUpdate)
+        assert [label for label, _ in reports] == ["o-dup again"]
+        assert isinstance(reports[0][1], ConcurrentUpdate)
+        commits = writer.stats.commits
+        await writer.flush()  # nothing behind: answered without a round trip to the writer
+        assert writer.stats.commits == commits
+
+    asyncio.run(main())
+    writer.close()
+    assert ledger.exists("o-ok") and ledger.exists("o-dup")
