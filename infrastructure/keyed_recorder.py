@@ -23,7 +23,7 @@ from gateway_ledger.infrastructure.keyring import StagedKeys
 
 
 class KeyedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
-    """Inserts this thread's staged key rows (``KeyRing.staging``) before the events."""
+    """Inserts this thread's staged key rows (``KeyRing.writing_new_keys``) before the events."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

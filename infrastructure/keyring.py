@@ -7,14 +7,13 @@ after an erasure elsewhere, this process stops using the destroyed key within th
 (ADR 0012 discusses the window).
 
 A writer that stores events in a transaction of its own can create the keys they need
-in that same transaction (:meth:`KeyRing.staging`): the new key is usable at once by the
+in that same transaction (:meth:`KeyRing.writing_new_keys`): the new key is usable at once by the
 staging thread, its row is written with the events, and it joins the shared cache only
 once that commit succeeded (ADR 0017).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import hmac
 import logging
@@ -22,7 +21,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
@@ -196,35 +195,26 @@ class KeyRing:
         self._sealing[subject_id] = (now + self.ttl, key_id, aead)
         self._remember_opening(key_id, (subject_id, aead), now)
 
-    @contextlib.contextmanager
-    def staging(self) -> Iterator[StagedKeys]:
-        """Within (on this thread): a new subject's key is created in memory, not stored.
-
-        The caller writes ``rows`` in the transaction that stores the events sealed with
-        them, then calls :meth:`adopt` once that commit succeeded. If the transaction
-        fails, the keys are forgotten with the events that used them.
-        """
-        staged = StagedKeys()
-        self._staged.keys = staged
-        try:
-            yield staged
-        finally:
-            self._staged.keys = None
-
     def writing_new_keys(self, write: Callable[[StagedKeys], T]) -> T:
         """Run ``write`` (map events and store them, new key rows first, in one transaction)
-        inside :meth:`staging`; share its new keys once it succeeded.
+        with new keys staged: on this thread, a new subject's key is then created in
+        memory, not stored. ``write`` stores the staged rows in the transaction that
+        stores the events sealed with them; once it returned, the keys are shared with
+        every thread. If it raised, they are forgotten with the events that used them.
 
         ``write`` raises :class:`KeyRaceLost` when a key row was ignored because another
         writer stored that subject's key meanwhile; it runs again, and the mapping then
         finds the stored key (one key per subject).
         """
         for _ in range(KEY_RACE_RETRIES):
-            with self.staging() as staged:
-                try:
-                    result = write(staged)
-                except KeyRaceLost:
-                    continue
+            staged = StagedKeys()
+            self._staged.keys = staged
+            try:
+                result = write(staged)
+            except KeyRaceLost:
+                continue
+            finally:
+                self._staged.keys = None
             self.adopt(staged)
             return result
         raise OperationalError("another writer kept creating the same subjects' data keys")

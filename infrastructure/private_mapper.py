@@ -460,7 +460,7 @@ class PrivateEvents:
         return environment
 
     def _record(self, processing_event: Any) -> Any:
-        """Map and insert inside ``KeyRing.staging``: new keys go in the events' commit."""
+        """Map and insert inside ``KeyRing.writing_new_keys``: new keys go in the events' commit."""
         recorder = self.recorder
         if not isinstance(recorder, KeyedSQLiteApplicationRecorder):
             return super()._record(processing_event)  # type: ignore[misc]
