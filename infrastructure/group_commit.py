@@ -6,11 +6,11 @@ appends it in one transaction (one fsync; ``infrastructure/event_append.py``) an
 every future. There is no timer: while one commit runs, the next group queues up, so a
 single conversation pays no added latency and 64 conversations share their fsyncs.
 
-The handoffs are kept thin because a lone conversation pays four of them per reply (two
-commits, there and back): jobs travel on a ``SimpleQueue`` (one wake-up of the writer, no
-condition-variable ping-pong), and an asyncio caller gets an asyncio future that the
-writer settles with one ``call_soon_threadsafe`` per group and loop, instead of one
-``wrap_future`` chain per job.
+The handoffs are kept thin because a lone conversation pays one round trip per reply:
+jobs travel on a ``SimpleQueue`` (one wake-up of the writer, no condition-variable
+ping-pong), and an asyncio caller gets an asyncio future that the writer settles once per
+group and loop, through an eventfd that loop watches (``loop_waker.py``; elsewhere one
+``call_soon_threadsafe``), instead of one ``wrap_future`` chain per job.
 
 A write may also ride along (:meth:`GroupCommitWriter.submit_behind`): it does not wake
 the writer, it joins the next group that something waited-for starts, or is committed
@@ -46,6 +46,7 @@ from eventsourcing.persistence import IntegrityError
 
 from gateway_ledger.domain.errors import ConcurrentUpdate, LedgerError
 from gateway_ledger.infrastructure.event_append import Append, appender_for
+from gateway_ledger.infrastructure.loop_waker import LoopWaker, close_wakers, waker_for
 
 log = logging.getLogger("gateway_ledger.group_commit")
 
@@ -153,6 +154,8 @@ class GroupCommitWriter:
         self._behind: list[_Job] = []  # write-behind jobs waiting for the next group
         self._behind_unsettled = 0  # submitted behind and not settled yet (under _cond)
         self._linger_timer_on: asyncio.AbstractEventLoop | None = None  # loop of the timer
+        # Per loop that waited on this writer: how the writer wakes it (None: no eventfd).
+        self._wakers: dict[asyncio.AbstractEventLoop, LoopWaker | None] = {}
         # Held while a group is taken from the queue (and while submit checks ``_closed``):
         # whoever holds it keeps the writer from starting a group.
         self._cond = threading.RLock()
@@ -194,7 +197,10 @@ class GroupCommitWriter:
         """Like :meth:`submit`, but with an asyncio future on the running loop that settles
         the same way (await it; it is skipped if already done, e.g. timed out), and a
         :class:`WriteHandle` for chaining."""
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        if loop not in self._wakers:
+            self._wakers[loop] = waker_for(loop, _wake)
         handle = WriteHandle()
         self._enqueue(events, label, after, waiter, handle)
         return handle, waiter
@@ -280,9 +286,12 @@ class GroupCommitWriter:
             self._queue.put(None)
         self._thread.join(timeout)
         self._reader.shutdown(wait=True)
+        if self._thread.is_alive():
+            return  # still writing: its connection and wakers stay open
         close = getattr(self._append, "close", None)
-        if close is not None and not self._thread.is_alive():
+        if close is not None:
             close()
+        close_wakers(self._wakers)
 
     # -- writer thread ----------------------------------------------------------------------
 
@@ -345,15 +354,14 @@ class GroupCommitWriter:
             return
         self._settle(ready, None)
 
-    @staticmethod
-    def _admissible(job: _Job, queued_with: set[int]) -> bool:
+    def _admissible(self, job: _Job, queued_with: set[int]) -> bool:
         """A job whose earlier write (``after``) failed must not land on a missing history."""
         after = job.after
         if after is None or id(after) in queued_with:
             return True
         if after.done() and after.exception() is None:
             return True
-        GroupCommitWriter._settle(
+        self._settle(
             [job], LedgerUnavailable(f"{job.label}: an earlier write of it was not recorded")
         )
         return False
@@ -384,8 +392,7 @@ class GroupCommitWriter:
         log.warning("ledger write of %d job(s) failed: %s", len(jobs), type(error).__name__)
         self._settle(jobs, error)
 
-    @staticmethod
-    def _settle(jobs: list[_Job], error: BaseException | None) -> None:
+    def _settle(self, jobs: list[_Job], error: BaseException | None) -> None:
         """Resolve the jobs' futures, then wake each waiting loop once for all its jobs.
         A write-behind job wakes nobody, unless it failed and has someone to tell."""
         by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
@@ -400,7 +407,13 @@ class GroupCommitWriter:
                         loop.call_soon_threadsafe(report, error)
             if job.waiter is not None:
                 by_loop.setdefault(job.waiter.get_loop(), []).append(job.waiter)
+        # Only the writer thread uses the wakers: they are closed once it has stopped.
+        wakers = self._wakers if threading.current_thread() is self._thread else {}
         for loop, waiters in by_loop.items():
+            waker = wakers.get(loop)
+            if waker is not None:
+                waker.wake(waiters, error)
+                continue
             with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
                 loop.call_soon_threadsafe(_wake, waiters, error)
 
