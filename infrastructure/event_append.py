@@ -14,10 +14,10 @@ library's ``IntegrityError``, exactly as ``save`` does, so optimistic concurrenc
 untouched. Other stores (PostgreSQL) keep ``app.save``: :func:`appender_for`.
 
 A subject seen for the first time gets its data key in the same transaction as the
-events sealed with it (``KeyRing.writing_new_keys``, ADR 0017): no separate key write, and never a
-sealed event whose key was not stored. If another process stored a key for the same
-subject in between, the transaction is rolled back and the events are sealed again with
-that key.
+events sealed with it (``KeyRing.writing_new_keys``, ADR 0017): no separate key write,
+and never a sealed event whose key was not stored. If another process stored a key for
+the same subject in between, the transaction is rolled back and the events are sealed
+again with that key.
 """
 
 from __future__ import annotations

@@ -127,7 +127,6 @@ class _Job:
     """Settled on its own loop after ``future``; skipped if the caller stopped waiting."""
     on_error: tuple[asyncio.AbstractEventLoop, Callable[[BaseException], object]] | None = None
     """A write-behind job's failure report: called on that loop, and only on a failure."""
-    behind: bool = False
     seq: int = attrs.field(factory=lambda: next(_order))
 
 
@@ -220,7 +219,7 @@ class GroupCommitWriter:
         loop = asyncio.get_running_loop()
         handle = WriteHandle()
         report = (loop, on_error) if on_error is not None else None
-        job = _Job(label, list(events), handle, after, None, report, True)
+        job = _Job(label, list(events), handle, after, None, report)
         with self._cond:
             if self._closed:
                 self._settle([job], LedgerUnavailable("the ledger writer is closed"))

@@ -7,9 +7,9 @@ after an erasure elsewhere, this process stops using the destroyed key within th
 (ADR 0012 discusses the window).
 
 A writer that stores events in a transaction of its own can create the keys they need
-in that same transaction (:meth:`KeyRing.writing_new_keys`): the new key is usable at once by the
-staging thread, its row is written with the events, and it joins the shared cache only
-once that commit succeeded (ADR 0017).
+in that same transaction (:meth:`KeyRing.writing_new_keys`): the new key is usable at
+once by the staging thread, its row is written with the events, and it joins the shared
+cache only once that commit succeeded (ADR 0017).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-Settle = Callable[[list["asyncio.Future[None]"], "BaseException | None"], None]
+Settle = Callable[[list[asyncio.Future[None]], BaseException | None], None]
 
 
 class LoopWaker:
@@ -29,8 +29,7 @@ class LoopWaker:
     def __init__(self, loop: asyncio.AbstractEventLoop, settle: Settle) -> None:
         self.loop = loop
         self._settle = settle
-        self._pending: deque[tuple[list[asyncio.Future[None]], BaseException | None]]
-        self._pending = deque()
+        self._pending: deque[tuple[list[asyncio.Future[None]], BaseException | None]] = deque()
         self._fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         try:
             loop.add_reader(self._fd, self._run)
