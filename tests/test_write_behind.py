@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import uuid
 from collections.abc import Callable
 from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gateway_ledger.application.ledger import DeliveryLedger
 from gateway_ledger.domain.errors import ConcurrentUpdate
@@ -130,3 +134,48 @@ def test_only_a_failed_behind_job_reports_back_and_flush_waits_for_it(tmp_path: 
     asyncio.run(main())
     writer.close()
     assert ledger.exists("o-ok") and ledger.exists("o-dup")
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.lists(
+        st.sampled_from(["behind", "waited", "flush", "yield", "flush-later"]),
+        min_size=1,
+        max_size=25,
+    )
+)
+def test_flush_returns_only_once_everything_behind_before_it_is_settled(
+    tmp_path: Path, steps: list[str]
+) -> None:
+    """Any interleaving of writes behind, waited writes and flushes from several tasks: a
+    flush returns only when every write behind submitted before it has been settled."""
+    ledger = DeliveryLedger.open(tmp_path / f"l-{uuid.uuid4().hex}.db")
+    writer = GroupCommitWriter(ledger, linger=60)
+    handles = []
+
+    async def flush_and_check() -> None:
+        before = list(handles)
+        await writer.flush()
+        assert all(handle.done() for handle in before)
+
+    async def main() -> None:
+        tasks = []
+        for i, step in enumerate(steps):
+            if step == "behind":
+                handles.append(writer.submit_behind(events(ledger, f"o-{i}")))
+            elif step == "waited":
+                tasks.append(asyncio.ensure_future(writer.write(events(ledger, f"o-{i}"))))
+            elif step == "flush":
+                await flush_and_check()
+            elif step == "flush-later":
+                tasks.append(asyncio.ensure_future(flush_and_check()))
+            else:
+                await asyncio.sleep(0)
+        await asyncio.gather(*tasks)
+        await flush_and_check()
+
+    asyncio.run(main())
+    writer.close()
+    assert all(handle.done() and handle.exception() is None for handle in handles)
