@@ -58,6 +58,7 @@ RECORDER_TOPIC = InfrastructureFactory.APPLICATION_RECORDER_TOPIC
 _OFF = {"0", "n", "no", "false", "off"}
 _MAX_REMEMBERED = 100_000
 _STATE_ONLY: ContextVar[bool] = ContextVar("gateway_ledger_state_only", default=False)
+_KEEP_SEALED: ContextVar[bool] = ContextVar("gateway_ledger_keep_sealed", default=False)
 
 
 @attrs.frozen
@@ -367,6 +368,20 @@ class PrivateMapper(Mapper[UUID]):
         finally:
             _STATE_ONLY.reset(token)
 
+    @staticmethod
+    @contextlib.contextmanager
+    def sealed() -> Iterator[None]:
+        """Within: no event is decrypted; every personal field keeps its placeholder.
+
+        For readers that never look at personal fields (the recoverable view): they need
+        no data key, and never hold the text in memory.
+        """
+        token = _KEEP_SEALED.set(True)
+        try:
+            yield
+        finally:
+            _KEEP_SEALED.reset(token)
+
     def to_domain_event(self, stored_event: StoredEvent) -> Any:
         cls = resolve_topic(stored_event.topic)
         try:
@@ -379,9 +394,9 @@ class PrivateMapper(Mapper[UUID]):
             )
             raise MapperDeserialisationError(msg) from e
         envelope = event_state.pop(SEALED, None)
-        if envelope is not None and _STATE_ONLY.get():
+        if envelope is not None and (_STATE_ONLY.get() or _KEEP_SEALED.get()):
             spec = self.policy.by_topic.get(stored_event.topic)
-            if spec is not None and spec.state_free:
+            if _KEEP_SEALED.get() or (spec is not None and spec.state_free):
                 self._remember(str(stored_event.originator_id), envelope["s"])
                 envelope = None
         if envelope is not None:

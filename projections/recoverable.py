@@ -97,6 +97,10 @@ def _owner_params(owner: OwnerIdentity) -> tuple[Any, ...]:
 class RecoverableObligations(ObligationView):
     """The unresolved obligations: the recovery sweep's index of candidates."""
 
+    reads_personal_data = False
+    """It indexes states, owners and times: the runner decodes its events without
+    decrypting them (no data key is read, no text is held)."""
+
     def __init__(self, app: Application[Any], name: str = VIEW_NAME) -> None:
         super().__init__(app, name)
 

@@ -15,6 +15,7 @@ and applies only what is still beyond it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -46,6 +47,8 @@ class Projection(Protocol):
 
 # A projection may set ``topic_prefix``: notifications whose topic does not start with it
 # are skipped without being decoded (another application's events, in a shared table).
+# A projection that sets ``reads_personal_data = False`` gets events decoded without
+# decryption (``PrivateMapper.sealed``): placeholders in its personal fields, no key read.
 
 
 class ProjectionRunner:
@@ -151,9 +154,15 @@ class ProjectionRunner:
         mapper = self.app.mapper
         # On SQLite several applications share one events table: decode only our topics.
         prefix = getattr(self.projection, "topic_prefix", "")
-        events = [
-            (n.id, mapper.to_domain_event(n)) for n in notifications if n.topic.startswith(prefix)
-        ]
+        sealed: Any = getattr(mapper, "sealed", None)
+        if sealed is None or getattr(self.projection, "reads_personal_data", True):
+            sealed = contextlib.nullcontext
+        with sealed():
+            events = [
+                (n.id, mapper.to_domain_event(n))
+                for n in notifications
+                if n.topic.startswith(prefix)
+            ]
         last_id = notifications[-1].id
         with self.dialect.write_transaction() as c:
             current = self._read_position(c, lock=True)

@@ -132,3 +132,35 @@ def test_catch_up_is_idempotent_and_tracks_its_own_position(store_location: str)
     other = DeliveryLedger.open(store_location)
     assert other.recoverable.catch_up() == 0
     assert [e.obligation_id for e in other.recoverable.entries()] == ["o0", "o1", "o2"]
+
+
+def test_the_view_is_caught_up_without_opening_a_single_data_key(
+    store_location: str, monkeypatch: Any
+) -> None:
+    """The recoverable view indexes states, owners and times only: it decodes events sealed,
+    so a boot sweep reads no data key and holds no reply text. History still opens them."""
+    writer = DeliveryLedger.open(store_location, owner=dead_owner())
+    for i in range(3):
+        writer.record_obligation(
+            obligation_id=f"o{i}", session_key=f"agent:main:telegram:dm:{i}",
+            platform="telegram", chat_id=str(i), content=f"secret {i}",
+        )  # fmt: skip
+    writer.mark_attempting("o1")
+    reader = DeliveryLedger.open(store_location)
+    opened: list[str] = []
+    keyring = reader.mapper.keyring
+    real_opening_key = keyring.opening_key
+
+    def opening_key(subject_id: str, key_id: str) -> Any:
+        opened.append(subject_id)
+        return real_opening_key(subject_id, key_id)
+
+    monkeypatch.setattr(keyring, "opening_key", opening_key)
+    assert reader.recoverable.catch_up() == 4
+    entries = {e.obligation_id: e.state for e in reader.recoverable.entries()}
+    assert entries == {"o0": "pending", "o1": "attempting", "o2": "pending"}
+    assert opened == []
+    assert reader.history("o0")[0].fields["content"] == "secret 0"  # outside: opened
+    assert opened
+    reader.close()
+    writer.close()
