@@ -60,14 +60,23 @@ def select_stored_events(
     return found
 
 
+def to_domain_events(app: Application[Any], stored: Sequence[StoredEvent]) -> list[Any]:
+    """Decode many stored events; with the private mapper, their data keys in one read."""
+    many = getattr(app.mapper, "to_domain_events", None)
+    if many is not None:
+        return list(many(stored))
+    return [app.mapper.to_domain_event(s) for s in stored]
+
+
 def load_aggregates(app: Application[Any], ids: Sequence[UUID]) -> dict[UUID, Any]:
     """The current state of each aggregate that exists, rebuilt from all its events."""
-    mapper = app.mapper
+    found = select_stored_events(app, ids)
+    events = iter(to_domain_events(app, [s for stored in found.values() for s in stored]))
     aggregates: dict[UUID, Any] = {}
-    for originator_id, stored in select_stored_events(app, ids).items():
+    for originator_id, stored in found.items():
         aggregate = None
-        for s in stored:
-            event: Any = mapper.to_domain_event(s)
+        for _ in stored:
+            event: Any = next(events)
             aggregate = event.mutate(aggregate)
         if aggregate is not None:
             aggregates[originator_id] = aggregate

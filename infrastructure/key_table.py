@@ -20,7 +20,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 KEYS_TABLE = "gateway_ledger_subject_keys"
@@ -46,11 +46,17 @@ def insert_staged_keys(cursor: sqlite3.Cursor, rows: Sequence[tuple[Any, ...]]) 
         raise KeyRaceLost
 
 
+def _chunks(items: Sequence[str], size: int = 500) -> Iterator[list[str]]:
+    for start in range(0, len(items), size):
+        yield list(items[start : start + size])
+
+
 class KeyTable(Protocol):
     def get_meta(self, name: str) -> str | None: ...
     def put_meta_once(self, name: str, value: str) -> str: ...
     def find(self, subject_id: str) -> tuple[str, bytes] | None: ...
     def get(self, subject_id: str, key_id: str) -> bytes | None: ...
+    def get_many(self, subject_ids: Sequence[str]) -> dict[str, tuple[str, bytes]]: ...
     def insert(self, key_id: str, subject_id: str, wrapped: bytes, created_at: str) -> bool: ...
     def destroy(self, subject_id: str) -> list[str]: ...
     def rows(self) -> list[tuple[str, str, bytes]]: ...
@@ -145,6 +151,19 @@ class SQLiteKeyTable(_OwnConnection):
             (subject_id, key_id),
         )
         return bytes(rows[0][0]) if rows else None
+
+    def get_many(self, subject_ids: Sequence[str]) -> dict[str, tuple[str, bytes]]:
+        """The stored key of each subject that has one: ``{subject: (key_id, wrapped)}``."""
+        found: dict[str, tuple[str, bytes]] = {}
+        for chunk in _chunks(subject_ids):
+            marks = ", ".join("?" * len(chunk))
+            for subject, key_id, wrapped in self._read(
+                f"SELECT subject_id, key_id, wrapped FROM {KEYS_TABLE} "
+                f"WHERE subject_id IN ({marks})",
+                chunk,
+            ):
+                found[str(subject)] = (str(key_id), bytes(wrapped))
+        return found
 
     def insert(self, key_id: str, subject_id: str, wrapped: bytes, created_at: str) -> bool:
         """Store a new key unless the subject has one (a concurrent creator won): True if ours."""
@@ -297,6 +316,19 @@ class PostgresKeyTable(_OwnConnection):
             (subject_id, key_id),
         )
         return bytes(rows[0][0]) if rows else None
+
+    def get_many(self, subject_ids: Sequence[str]) -> dict[str, tuple[str, bytes]]:
+        found: dict[str, tuple[str, bytes]] = {}
+        for chunk in _chunks(subject_ids):
+            _, rows = self._run(
+                self.sql.SQL(
+                    "SELECT subject_id, key_id, wrapped FROM {} WHERE subject_id = ANY(%s)"
+                ).format(self.keys),
+                (chunk,),
+            )
+            for subject, key_id, wrapped in rows:
+                found[str(subject)] = (str(key_id), bytes(wrapped))
+        return found
 
     def insert(self, key_id: str, subject_id: str, wrapped: bytes, created_at: str) -> bool:
         count, _ = self._run(

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from binascii import a2b_base64, b2a_base64
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from typing import Any, ClassVar
 from uuid import UUID
@@ -383,6 +383,22 @@ class PrivateMapper(Mapper[UUID]):
             _KEEP_SEALED.reset(token)
 
     def to_domain_event(self, stored_event: StoredEvent) -> Any:
+        return self._built(stored_event, *self._decoded(stored_event))
+
+    def to_domain_events(self, stored_events: Sequence[StoredEvent]) -> list[Any]:
+        """Like ``to_domain_event`` for each, with the data keys they need read in one go."""
+        decoded = [self._decoded(s) for s in stored_events]
+        self.keyring.prefetch_opening(
+            (envelope["s"], envelope["k"])
+            for _, _, envelope in decoded
+            if envelope is not None and "c" in envelope
+        )
+        return [self._built(s, *d) for s, d in zip(stored_events, decoded, strict=True)]
+
+    def _decoded(
+        self, stored_event: StoredEvent
+    ) -> tuple[type, dict[str, Any], dict[str, str] | None]:
+        """The event's class, its state, and its envelope if it is to be opened."""
         cls = resolve_topic(stored_event.topic)
         try:
             event_state: dict[str, Any] = self.transcoder.decode(stored_event.state)
@@ -399,6 +415,15 @@ class PrivateMapper(Mapper[UUID]):
             if _KEEP_SEALED.get() or (spec is not None and spec.state_free):
                 self._remember(str(stored_event.originator_id), envelope["s"])
                 envelope = None
+        return cls, event_state, envelope
+
+    def _built(
+        self,
+        stored_event: StoredEvent,
+        cls: type,
+        event_state: dict[str, Any],
+        envelope: dict[str, str] | None,
+    ) -> Any:
         if envelope is not None:
             target = event_state["state"] if issubclass(cls, Snapshot) else event_state
             self._open(envelope, target, stored_event)
@@ -410,7 +435,7 @@ class PrivateMapper(Mapper[UUID]):
         while from_version < class_version:
             getattr(cls, f"upcast_v{from_version}_v{from_version + 1}")(event_state)
             from_version += 1
-        domain_event = object.__new__(cls)
+        domain_event: Any = object.__new__(cls)
         object.__setattr__(domain_event, "__dict__", event_state)
         return domain_event
 

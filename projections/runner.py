@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from eventsourcing.application import Application
 from eventsourcing.persistence import IntegrityError, Notification
 
+from gateway_ledger.infrastructure.bulk_events import to_domain_events
 from gateway_ledger.infrastructure.sql_dialect import Cursor, SqlDialect, dialect_for
 
 log = logging.getLogger("gateway_ledger.projections")
@@ -157,12 +158,10 @@ class ProjectionRunner:
         sealed: Any = getattr(mapper, "sealed", None)
         if sealed is None or getattr(self.projection, "reads_personal_data", True):
             sealed = contextlib.nullcontext
+        ours = [n for n in notifications if n.topic.startswith(prefix)]
         with sealed():
-            events = [
-                (n.id, mapper.to_domain_event(n))
-                for n in notifications
-                if n.topic.startswith(prefix)
-            ]
+            decoded = to_domain_events(self.app, ours)
+        events = [(n.id, event) for n, event in zip(ours, decoded, strict=True)]
         last_id = notifications[-1].id
         with self.dialect.write_transaction() as c:
             current = self._read_position(c, lock=True)
