@@ -1,0 +1,31 @@
+"""One timer for every ledger wait (application/deadlines.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from gateway_ledger.application.deadlines import Deadlines
+
+
+def test_a_wait_past_its_deadline_ends_in_timeout_and_settled_ones_do_not_pile_up() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        deadlines = Deadlines(0.05)
+        for _ in range(1000):  # a busy gateway: every wait settles in time
+            waiter: asyncio.Future[None] = loop.create_future()
+            deadlines.watch(waiter)
+            waiter.set_result(None)
+            await waiter
+        assert len(deadlines._waiting) <= 1  # settled waits left as new ones came
+        slow: asyncio.Future[None] = loop.create_future()
+        started = time.monotonic()
+        deadlines.watch(slow)
+        with pytest.raises(TimeoutError):
+            await slow
+        assert 0.04 <= time.monotonic() - started < 1.0
+        deadlines.close()
+
+    asyncio.run(main())
