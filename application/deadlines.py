@@ -23,10 +23,7 @@ class Deadlines:
 
     def watch(self, waiter: asyncio.Future[None]) -> None:
         loop = waiter.get_loop()
-        waiting = self._waiting
-        while waiting and waiting[0][1].done():  # settled waits leave as new ones come
-            waiting.popleft()
-        waiting.append((loop.time() + self.seconds, waiter))
+        self._waiting.append((loop.time() + self.seconds, waiter))
         if self._timer is None:
             self._arm(loop)
 
