@@ -115,6 +115,10 @@ _SIMPLE_STATE = {
 class ObligationIndex(ObligationView):
     """One row per obligation, for status, listing and metrics without replaying history."""
 
+    reads_personal_data = False
+    """A session is indexed by its keyed subject id, which a sealed event names in clear:
+    the runner decodes its events without decrypting them (ADR 0021)."""
+
     def __init__(self, app: Application[Any], name: str = INDEX_NAME) -> None:
         super().__init__(app, name)
 
@@ -245,7 +249,8 @@ class ObligationIndex(ObligationView):
         )
 
     def _subject(self, event: Any) -> str:
-        """The keyed subject id of the session (after erasure: from the sealed envelope)."""
+        """The keyed subject id of the session: named by the sealed envelope (the session
+        key itself stays sealed), or keyed from the session key of an event in clear."""
         mapper: Any = self.app.mapper
         keyring = getattr(mapper, "keyring", None)
         if keyring is None:

@@ -134,11 +134,12 @@ def test_catch_up_is_idempotent_and_tracks_its_own_position(store_location: str)
     assert [e.obligation_id for e in other.recoverable.entries()] == ["o0", "o1", "o2"]
 
 
-def test_the_view_is_caught_up_without_opening_a_single_data_key(
+def test_the_views_are_caught_up_without_opening_a_single_data_key(
     store_location: str, monkeypatch: Any
 ) -> None:
-    """The recoverable view indexes states, owners and times only: it decodes events sealed,
-    so a boot sweep reads no data key and holds no reply text. History still opens them."""
+    """The recoverable view and the operators' index read no personal field: their events
+    are decoded sealed, so no data key is read and no reply text is held. History still
+    opens them."""
     writer = DeliveryLedger.open(store_location, owner=dead_owner())
     for i in range(3):
         writer.record_obligation(
@@ -156,9 +157,17 @@ def test_the_view_is_caught_up_without_opening_a_single_data_key(
         return real_opening_key(subject_id, key_id)
 
     monkeypatch.setattr(keyring, "opening_key", opening_key)
+    monkeypatch.setattr(keyring, "prefetch_opening", lambda pairs: opened.extend(pairs))
     assert reader.recoverable.catch_up() == 4
     entries = {e.obligation_id: e.state for e in reader.recoverable.entries()}
     assert entries == {"o0": "pending", "o1": "attempting", "o2": "pending"}
+    # The operators' index too: it names each session by the envelope's keyed subject id.
+    index = reader.obligation_index
+    assert index.catch_up() == 4
+    subjects = {row["obligation_id"]: row["subject_id"] for row in index.select()}
+    assert subjects == {
+        f"o{i}": keyring.subject_id(f"agent:main:telegram:dm:{i}") for i in range(3)
+    }
     assert opened == []
     assert reader.history("o0")[0].fields["content"] == "secret 0"  # outside: opened
     assert opened
