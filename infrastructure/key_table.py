@@ -6,13 +6,14 @@ rows so that no copy survives in the store's files: on SQLite with ``secure_dele
 and a WAL checkpoint that truncates the log; on PostgreSQL with ``VACUUM FULL``, which
 rewrites the table (the server's WAL and backups are outside our reach, see ADR 0012).
 
-On SQLite the group-commit writer inserts a new subject's key row in the same transaction
-as the events sealed with it (``SQLiteAppender``, ADR 0017). Otherwise key rows are
-written before the events that use them, on a private connection of the key table's own
-(one round trip per statement). On SQLite they commit with
-``synchronous=NORMAL`` and on PostgreSQL with ``synchronous_commit=off``: both logs are
-sequential, so the fsync of the event's own commit makes the earlier key row durable
-too, and a new subject costs no extra fsync.
+A new subject's key row is inserted in the same transaction as the events sealed with it:
+by the group-commit writer's appender on SQLite (ADR 0017), and by the applications'
+recorders on both stores (ADRs 0019, 0023). Where no such transaction can carry it (the
+library's database functions on PostgreSQL, or a mapping outside a save), the row is
+written before the events, on a private connection of the key table's own (one round
+trip per statement). On SQLite it commits with ``synchronous=NORMAL`` and on PostgreSQL
+with ``synchronous_commit=off``: both logs are sequential, so the fsync of the event's
+own commit makes the earlier key row durable too.
 """
 
 from __future__ import annotations

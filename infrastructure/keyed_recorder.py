@@ -1,11 +1,11 @@
-"""The library's SQLite recorder, storing new data keys in the transaction of their events.
+"""The library's recorders, storing new data keys in the transaction of their events.
 
 Events sealed for a subject seen for the first time need its data key stored; writing the
 key in the events' own transaction costs no write of its own and can never leave a sealed
-event without its key (ADR 0017). The group-commit writer does that itself; this recorder
-does it for everything else on SQLite (``Application.save``: the synchronous API, the
-session store, operator commands), chosen through the library's
-``APPLICATION_RECORDER_TOPIC`` (``PrivateEvents.construct_env``).
+event without its key (ADR 0017). The group-commit writer does that itself on SQLite; these
+recorders do it for everything that goes through ``Application.save`` (the synchronous API,
+the session store, operator commands, and on PostgreSQL the group-commit writer too),
+chosen through the library's ``APPLICATION_RECORDER_TOPIC`` (``PrivateEvents.construct_env``).
 """
 
 from __future__ import annotations
@@ -22,12 +22,14 @@ from gateway_ledger.infrastructure.key_table import insert_staged_keys
 from gateway_ledger.infrastructure.keyring import StagedKeys
 
 
-class KeyedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
-    """Inserts this thread's staged key rows (``KeyRing.writing_new_keys``) before the events."""
+class KeyStaging:
+    """This thread's staged key rows (``KeyRing.writing_new_keys``), for the next insert."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._staging = threading.local()
+    stages_keys = True
+    """False where the events' transaction cannot carry them (the caller then lets the key
+    table write them first, on its own connection)."""
+
+    _staging: threading.local
 
     @contextlib.contextmanager
     def keys_from(self, staged: StagedKeys) -> Iterator[None]:
@@ -38,10 +40,22 @@ class KeyedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
         finally:
             self._staging.keys = None
 
+    def staged_rows(self) -> Sequence[tuple[Any, ...]]:
+        staged: StagedKeys | None = getattr(self._staging, "keys", None)
+        return staged.rows if staged is not None else ()
+
+
+class KeyedSQLiteApplicationRecorder(KeyStaging, SQLiteApplicationRecorder):
+    """Inserts this thread's staged key rows before the events."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._staging = threading.local()
+
     def _insert_events(
         self, c: SQLiteCursor, stored_events: Sequence[StoredEvent], **kwargs: Any
     ) -> Sequence[int] | None:
-        staged: StagedKeys | None = getattr(self._staging, "keys", None)
-        if staged is not None:  # KeyRaceLost: the library's transaction rolls back
-            insert_staged_keys(c.sqlite_cursor, staged.rows)
+        rows = self.staged_rows()
+        if rows:  # KeyRaceLost: the library's transaction rolls back
+            insert_staged_keys(c.sqlite_cursor, rows)
         return super()._insert_events(c, stored_events, **kwargs)

@@ -7,14 +7,20 @@ missing, so several installations (or test runs) can share one database.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
 import psycopg
+from eventsourcing.persistence import StoredEvent
+from eventsourcing.postgres import PostgresApplicationRecorder
 from psycopg import sql
 
 from gateway_ledger.domain.errors import InvalidInput
+from gateway_ledger.infrastructure.key_table import KEYS_TABLE, KeyRaceLost
+from gateway_ledger.infrastructure.keyed_recorder import KeyStaging
 
 _SCHEMA_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
@@ -93,3 +99,36 @@ def postgres_environment(url: str) -> dict[str, str]:
         "POSTGRES_LOCK_TIMEOUT": "10",
         "POSTGRES_PRE_PING": "y",
     }
+
+
+class KeyedPostgresApplicationRecorder(KeyStaging, PostgresApplicationRecorder):
+    """Inserts this thread's staged key rows in the events' transaction (ADR 0023).
+
+    The library calls ``_insert_events`` first in that transaction, before it locks the
+    events table; a row for a subject whose key another writer stored meanwhile is
+    skipped (``ON CONFLICT DO NOTHING``, after waiting for that writer's commit), and
+    ``KeyRaceLost`` rolls the whole transaction back.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._staging = threading.local()
+        # With the library's database functions the hook below is never called.
+        self.stages_keys = not self.datastore.enable_db_functions
+        self._keys = sql.Identifier(self.datastore.schema, KEYS_TABLE)
+
+    def _insert_events(
+        self, curs: Any, stored_events: Sequence[StoredEvent], **kwargs: Any
+    ) -> None:
+        rows = self.staged_rows()
+        if rows:
+            curs.execute(
+                sql.SQL(
+                    "INSERT INTO {} (subject_id, key_id, wrapped, created_at) VALUES {} "
+                    "ON CONFLICT DO NOTHING RETURNING subject_id"
+                ).format(self._keys, sql.SQL(", ").join([sql.SQL("(%s, %s, %s, %s)")] * len(rows))),
+                [value for row in rows for value in row],
+            )
+            if len(curs.fetchall()) != len(rows):
+                raise KeyRaceLost
+        super()._insert_events(curs, stored_events, **kwargs)

@@ -43,7 +43,7 @@ from eventsourcing.persistence import (
 from eventsourcing.utils import get_topic, resolve_topic
 
 from gateway_ledger.infrastructure.key_table import key_table_for
-from gateway_ledger.infrastructure.keyed_recorder import KeyedSQLiteApplicationRecorder
+from gateway_ledger.infrastructure.keyed_recorder import KeyedSQLiteApplicationRecorder, KeyStaging
 from gateway_ledger.infrastructure.keyring import KeyRing, StagedKeys
 from gateway_ledger.infrastructure.randomness import shared_pool
 
@@ -56,6 +56,13 @@ SEALED = "_sealed_"
 ENCRYPT_ENV = "GATEWAY_LEDGER_ENCRYPT"
 RECORDER_TOPIC = InfrastructureFactory.APPLICATION_RECORDER_TOPIC
 _OFF = {"0", "n", "no", "false", "off"}
+_KEYED_RECORDERS = {
+    "eventsourcing.sqlite": get_topic(KeyedSQLiteApplicationRecorder),
+    # By name: importing it would import psycopg into every SQLite user.
+    "eventsourcing.postgres": (
+        "gateway_ledger.infrastructure.postgres:KeyedPostgresApplicationRecorder"
+    ),
+}
 _MAX_REMEMBERED = 100_000
 _STATE_ONLY: ContextVar[bool] = ContextVar("gateway_ledger_state_only", default=False)
 _KEEP_SEALED: ContextVar[bool] = ContextVar("gateway_ledger_keep_sealed", default=False)
@@ -492,17 +499,17 @@ class PrivateEvents:
     recorder: Any
 
     def construct_env(self, name: str, env: Any = None) -> Any:
-        """On SQLite, the recorder that stores new data keys with their events."""
+        """The recorder that stores new data keys with their events, on either store."""
         environment = super().construct_env(name, env)  # type: ignore[misc]
-        sqlite = environment.get("PERSISTENCE_MODULE") == "eventsourcing.sqlite"
-        if sqlite and not environment.get(RECORDER_TOPIC):
-            environment[RECORDER_TOPIC] = get_topic(KeyedSQLiteApplicationRecorder)
+        module = environment.get("PERSISTENCE_MODULE")
+        if not environment.get(RECORDER_TOPIC) and module in _KEYED_RECORDERS:
+            environment[RECORDER_TOPIC] = _KEYED_RECORDERS[module]
         return environment
 
     def _record(self, processing_event: Any) -> Any:
         """Map and insert inside ``KeyRing.writing_new_keys``: new keys go in the events' commit."""
         recorder = self.recorder
-        if not isinstance(recorder, KeyedSQLiteApplicationRecorder):
+        if not (isinstance(recorder, KeyStaging) and recorder.stages_keys):
             return super()._record(processing_event)  # type: ignore[misc]
         record = super()._record  # type: ignore[misc]
 

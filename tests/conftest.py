@@ -92,5 +92,17 @@ def store_location(backend: str, tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A fresh PostgreSQL schema, for what only PostgreSQL has (required in CI)."""
+    require_postgres()
+    url = new_postgres_url()
+    try:
+        yield url
+    finally:
+        gc.collect()  # see store_location
+        drop_postgres_schema(url)
+
+
+@pytest.fixture
 def sqlite_location(tmp_path: Path) -> str:
     return str(tmp_path / "ledger.db")

@@ -1,7 +1,8 @@
 """A new subject's data key is stored in the same transaction as its first sealed events.
 
-SQLite only: there the group-commit writer owns the transaction (``SQLiteAppender``);
-PostgreSQL writes the key row first on the key table's own connection (test_privacy).
+On SQLite by the group-commit writer's own appender (``SQLiteAppender``) and by the
+recorder of ``Application.save``; on PostgreSQL by the recorder, which the group-commit
+writer also goes through there.
 """
 
 from __future__ import annotations
@@ -159,3 +160,52 @@ def test_the_synchronous_api_writes_a_new_key_in_the_events_transaction(tmp_path
     fresh = DeliveryLedger.open(db)
     assert fresh.get("o-1").state == "delivered"
     assert fresh.history("o-1")[0].fields["content"] == "hi"
+
+
+# -- PostgreSQL: KeyedPostgresApplicationRecorder (ADR 0023) ---------------------------------
+
+
+def test_on_postgresql_a_new_key_is_committed_by_its_events_own_transaction(pg_url: str) -> None:
+    """The same transaction id (``xmin``) wrote the key row and the first sealed event."""
+    ledger = DeliveryLedger.open(pg_url)
+    record(ledger, "o-1")
+    ledger.mark_attempting("o-1")
+    keyring = ledger.private_mapper.keyring
+    subject = keyring.subject_id(KEY)
+    schema = ledger.recorder.datastore.schema
+    with ledger.recorder.datastore.transaction(commit=False) as c:
+        c.execute(
+            f'SELECT xmin::text AS x FROM "{schema}".{KEYS_TABLE} WHERE subject_id = %s',
+            (subject,),
+        )
+        key_tx = [row["x"] for row in c.fetchall()]
+        c.execute(
+            f'SELECT xmin::text AS x FROM "{schema}".{ledger.recorder.events_table_name} '
+            "WHERE originator_id = %s AND originator_version = 1",
+            (ledger._uuid("o-1"),),
+        )
+        event_tx = [row["x"] for row in c.fetchall()]
+    assert key_tx == event_tx and len(key_tx) == 1
+    assert DeliveryLedger.open(pg_url).history("o-1")[0].fields["content"] == "hi"
+    ledger.close()
+
+
+def test_on_postgresql_a_key_another_writer_stored_meanwhile_wins(pg_url: str) -> None:
+    ours = DeliveryLedger.open(pg_url)
+    theirs = DeliveryLedger.open(pg_url)
+
+    def race() -> None:
+        record(theirs, "o-theirs", content="theirs")
+
+    ours.mapper.to_stored_event, calls = racing(ours.mapper.to_stored_event, race)  # type: ignore[method-assign]
+    record(ours, "o-ours")
+    assert len(calls) == 2  # rolled back once, sealed again with their key
+    keyring = ours.private_mapper.keyring
+    rows = [(s, k) for k, s, _ in keyring.table.rows() if s == keyring.subject_id(KEY)]
+    assert len(rows) == 1
+    assert sealed_key_id(ours, "o-ours") == sealed_key_id(theirs, "o-theirs") == rows[0][1]
+    reader = DeliveryLedger.open(pg_url)
+    assert reader.history("o-ours")[0].fields["content"] == "hi"
+    assert reader.history("o-theirs")[0].fields["content"] == "theirs"
+    for opened in (ours, theirs, reader):
+        opened.close()

@@ -14,11 +14,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
-from conftest import drop_postgres_schema, new_postgres_url, require_postgres
 
 from gateway_ledger.application.ledger import DeliveryLedger
 from gateway_ledger.application.liveness import LeaseLiveness
@@ -27,16 +23,6 @@ from gateway_ledger.infrastructure.leases import LeaseSettings
 
 CHILD = str(Path(__file__).with_name("multihost_child.py"))
 TTL, SKEW = 1.0, 0.2
-
-
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    require_postgres()
-    url = new_postgres_url()
-    try:
-        yield url
-    finally:
-        drop_postgres_schema(url)
 
 
 def host(name: str, *args: str) -> subprocess.Popen[str]:
