@@ -29,7 +29,9 @@ class KeyStaging:
     """False where the events' transaction cannot carry them (the caller then lets the key
     table write them first, on its own connection)."""
 
-    _staging: threading.local
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._staging = threading.local()
 
     @contextlib.contextmanager
     def keys_from(self, staged: StagedKeys) -> Iterator[None]:
@@ -47,10 +49,6 @@ class KeyStaging:
 
 class KeyedSQLiteApplicationRecorder(KeyStaging, SQLiteApplicationRecorder):
     """Inserts this thread's staged key rows before the events."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._staging = threading.local()
 
     def _insert_events(
         self, c: SQLiteCursor, stored_events: Sequence[StoredEvent], **kwargs: Any

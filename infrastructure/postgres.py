@@ -7,7 +7,6 @@ missing, so several installations (or test runs) can share one database.
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -112,7 +111,6 @@ class KeyedPostgresApplicationRecorder(KeyStaging, PostgresApplicationRecorder):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._staging = threading.local()
         # With the library's database functions the hook below is never called.
         self.stages_keys = not self.datastore.enable_db_functions
         self._keys = sql.Identifier(self.datastore.schema, KEYS_TABLE)
