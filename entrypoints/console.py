@@ -68,6 +68,11 @@ def print_json(data: Any) -> None:
     sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2, default=str).decode() + "\n")
 
 
+def print_json_line(data: Any) -> None:
+    """One JSON object per line, for streams a machine reads as they come."""
+    sys.stdout.write(orjson.dumps(data, default=str).decode() + "\n")
+
+
 def cell(value: Any) -> str:
     if value is None:
         return "-"

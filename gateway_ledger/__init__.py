@@ -27,6 +27,8 @@ _EXPORTS: dict[str, str] = {
     "SendResult": "gateway_ledger.application.ports",
     "Reply": "gateway_ledger.application.ports",
     "ReplyContext": "gateway_ledger.application.ports",
+    # operating
+    "ViewFollower": "gateway_ledger.projections.follower",
     # sessions
     "SessionStore": "gateway_ledger.application.sessions",
     "SessionSource": "gateway_ledger.domain.session_source",

@@ -33,6 +33,7 @@ COMMANDS = [
     ["projections"],
     ["projections", "status"],
     ["projections", "rebuild"],
+    ["projections", "follow"],
     ["sessions"],
     ["sessions", "list"],
     ["sessions", "show"],

@@ -1,21 +1,28 @@
-"""``gateway-ledger projections status | rebuild [--name N]``."""
+"""``gateway-ledger projections status | rebuild [--name N] | follow [--interval S] [--for S]``."""
 
 from __future__ import annotations
 
 import argparse
+import signal
+import sys
+import time
+from types import FrameType
 
 from gateway_ledger.entrypoints.console import (
     add_common,
     open_ledger,
     print_json,
+    print_json_line,
     progress_bar,
     table,
+    usage_error,
 )
 from gateway_ledger.projections.catalog import (
     PROJECTION_NAMES,
     projection_status,
     rebuild_and_verify,
 )
+from gateway_ledger.projections.follower import FollowStats, ViewFollower
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -34,6 +41,24 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     rebuild.add_argument("--name", choices=PROJECTION_NAMES, help="one projection (default: all)")
     add_common(rebuild)
     rebuild.set_defaults(handler=run_rebuild)
+    follow = nested.add_parser(
+        "follow",
+        help="keep every projection current as events land, until stopped",
+        description="Catches the projections up after every commit: woken by NOTIFY on "
+        "PostgreSQL, polling on SQLite. Prints a line per catch-up that applied events "
+        "(counts only) and a summary on SIGINT or SIGTERM.",
+    )
+    follow.add_argument(
+        "--interval",
+        type=float,
+        default=None,
+        help="seconds between catch-ups without news (default: 5 on PostgreSQL, 0.5 on SQLite)",
+    )
+    follow.add_argument(
+        "--for", dest="duration", type=float, default=None, help="stop after this many seconds"
+    )
+    add_common(follow)
+    follow.set_defaults(handler=run_follow)
 
 
 def run_status(args: argparse.Namespace) -> int:
@@ -74,3 +99,38 @@ def run_rebuild(args: argparse.Namespace) -> int:
             print(f"  {r.name}: {d}")
     print("OK: every rebuild equals its incremental view" if ok else "DIFFERENCES FOUND")
     return 0 if ok else 1
+
+
+def run_follow(args: argparse.Namespace) -> int:
+    if args.interval is not None and args.interval <= 0:
+        raise usage_error("--interval must be positive")
+    ledger = open_ledger(args.db)
+    follower = ViewFollower(ledger, interval=args.interval)
+
+    def stop(_signum: int, _frame: FrameType | None) -> None:
+        follower.stop(timeout=0)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, stop)
+
+    def report(applied: dict[str, int], stats: FollowStats) -> None:
+        if args.json:
+            print_json_line({"applied": applied, "position": stats.position})
+        else:
+            counts = ", ".join(f"{name} {count}" for name, count in applied.items())
+            print(f"{time.strftime('%H:%M:%S')} applied {counts} (position {stats.position})")
+        sys.stdout.flush()
+
+    try:
+        stats = follower.run(duration=args.duration, on_applied=report)
+    finally:
+        ledger.close()
+    if args.json:
+        print_json_line({"stopped": True, **stats.to_dict()})
+    else:
+        total = sum(stats.applied.values())
+        print(
+            f"stopped: {stats.catch_ups} catch-ups, {stats.notified} woken by the store,"
+            f" {total} events applied, {stats.errors} errors, position {stats.position}"
+        )
+    return 0 if stats.errors == 0 else 1
