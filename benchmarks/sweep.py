@@ -39,14 +39,14 @@ def dead_owner(n: int) -> OwnerIdentity:
     )
 
 
-def write_history(location: str, delivered: int, batch: int = 1000) -> None:
+def write_history(location: str, delivered: int, batch: int = 1000, prefix: str = "hist-") -> None:
     """Delivered obligations, three events each, saved many aggregates per transaction."""
     ledger = DeliveryLedger.open(location, owner=dead_owner(0))
     for start in range(0, delivered, batch):
         aggregates = []
         for i in range(start, min(start + batch, delivered)):
             agg = ledger.new_obligation(
-                obligation_id=f"hist-{i:07d}",
+                obligation_id=f"{prefix}{i:07d}",
                 session_key=f"agent:main:telegram:dm:{i % CONVERSATIONS}",
                 platform="telegram",
                 chat_id=str(i % CONVERSATIONS),
