@@ -25,6 +25,7 @@ from typing import Any
 import attrs
 from eventsourcing.application import Application
 
+from gateway_ledger.domain.errors import InvalidInput
 from gateway_ledger.infrastructure.wakeups import Wakeups, wakeups_for
 from gateway_ledger.projections.catalog import PROJECTION_NAMES, projection
 from gateway_ledger.projections.runner import DEFAULT_BATCH_SIZE
@@ -77,7 +78,7 @@ class ViewFollower:
         default = POSTGRES_INTERVAL if is_postgres else SQLITE_INTERVAL
         self.interval = default if interval is None else interval
         if self.interval <= 0:
-            raise ValueError("interval must be positive")
+            raise InvalidInput(f"interval must be positive, not {self.interval}")
         self.batch_size = batch_size
         self.stats = FollowStats(applied={view.name: 0 for view in self.views})
         self._stop = threading.Event()

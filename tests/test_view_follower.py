@@ -212,4 +212,4 @@ def test_the_console_script_runs_for_a_set_time_and_refuses_a_bad_interval(
         env=cli_env(sqlite_location),
     )
     assert bad.returncode == 2
-    assert "--interval must be positive" in bad.stderr
+    assert "interval must be positive, not 0.0" in bad.stderr

@@ -8,6 +8,7 @@ import sys
 import time
 from types import FrameType
 
+from gateway_ledger.domain.errors import LedgerError
 from gateway_ledger.entrypoints.console import (
     add_common,
     open_ledger,
@@ -15,7 +16,6 @@ from gateway_ledger.entrypoints.console import (
     print_json_line,
     progress_bar,
     table,
-    usage_error,
 )
 from gateway_ledger.projections.catalog import (
     PROJECTION_NAMES,
@@ -102,10 +102,12 @@ def run_rebuild(args: argparse.Namespace) -> int:
 
 
 def run_follow(args: argparse.Namespace) -> int:
-    if args.interval is not None and args.interval <= 0:
-        raise usage_error("--interval must be positive")
     ledger = open_ledger(args.db)
-    follower = ViewFollower(ledger, interval=args.interval)
+    try:
+        follower = ViewFollower(ledger, interval=args.interval)
+    except LedgerError:
+        ledger.close()
+        raise
 
     def stop(_signum: int, _frame: FrameType | None) -> None:
         follower.stop(timeout=0)
