@@ -145,6 +145,17 @@ def cli_env(location: str) -> dict[str, str]:
     return env
 
 
+def follow(location: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``gateway-ledger projections follow ARGS`` on ``location``, run to its end."""
+    return subprocess.run(
+        [SCRIPT, "projections", "follow", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=cli_env(location),
+    )
+
+
 def test_the_console_script_follows_and_stops_on_sigterm(store_location: str) -> None:
     writer = DeliveryLedger.open(store_location)
     try:
@@ -191,25 +202,13 @@ def test_the_console_script_runs_for_a_set_time_and_refuses_a_bad_interval(
     record(writer, 2)
     writer.close()
     started = time.monotonic()
-    done = subprocess.run(
-        [SCRIPT, "projections", "follow", "--for", "0.5"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=cli_env(sqlite_location),
-    )
+    done = follow(sqlite_location, "--for", "0.5")
     assert done.returncode == 0, done.stderr
     assert time.monotonic() - started < 30
     lines = done.stdout.strip().splitlines()
     assert "applied recoverable_obligations 2, obligation_index 2" in lines[0]
     assert lines[-1].startswith("stopped: ")
     assert "4 events applied, 0 errors" in lines[-1]
-    bad = subprocess.run(
-        [SCRIPT, "projections", "follow", "--interval", "0"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=cli_env(sqlite_location),
-    )
+    bad = follow(sqlite_location, "--interval", "0")
     assert bad.returncode == 2
     assert "interval must be positive, not 0.0" in bad.stderr
