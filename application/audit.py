@@ -9,7 +9,10 @@ What it flags, and why, is ADR 0011:
   send may have arrived unless the platform said it did not). It is *labelled* when
   every send after the first possibly-arrived one carried the duplicate marker: that is
   the ledger working as designed under ambiguity, reported but not a problem;
-- ``unmarked_resend``: a send started after one that may have arrived, without the marker;
+- ``unmarked_resend``: a send started after one that may have arrived, without the marker
+  (or the platform's idempotency key). Since ADR 0026 the gateway records in each
+  ``Attempting`` what guarded that send; older events, and sends started through the
+  synchronous API, which says nothing, are judged by the rule the gateway follows;
 - ``double_claim``: two claims at the same fence, or a claim whose previous owner was not
   the owner on record (the claimer acted on someone else's live claim);
 - ``claim_from_live_owner``: the owner that a claim (or an operator's retry) displaced
@@ -30,6 +33,7 @@ import orjson
 from eventsourcing.utils import get_topic
 
 from gateway_ledger.domain.obligation import DeliveryObligation
+from gateway_ledger.domain.values import SendGuard
 
 if TYPE_CHECKING:
     from eventsourcing.application import Application
@@ -40,6 +44,8 @@ PAGE_SIZE = 5000
 
 _PREFIX = get_topic(DeliveryObligation) + "."
 _AMBIGUOUS = "ambiguous"
+_GUARDED = frozenset({SendGuard.MARKER.value, SendGuard.IDEMPOTENCY_KEY.value})
+"""Recorded send guards that keep a possible duplicate from going unannounced."""
 
 PROBLEM_KINDS = ("unmarked_resend", "double_claim", "claim_from_live_owner", "late_result")
 
@@ -235,8 +241,11 @@ class DuplicateAuditor:
             return
         ob.owner = by
         ob.state = "attempting"
-        # The gateway derives the marker from this very history (ADR 0006).
-        self._start_send(ob, version, state, by, marked=ob.arrived_before())
+        # A guard not said (the synchronous API, or written before ADR 0026) is inferred:
+        # the gateway derives the marker from this very history (ADR 0006).
+        guard = state.get("guard")
+        marked = ob.arrived_before() if guard is None else guard in _GUARDED
+        self._start_send(ob, version, state, by, marked=marked)
 
     def _on_Claimed(
         self, ob: _Obligation, version: int, state: dict[str, Any], by: Owner | None

@@ -45,6 +45,8 @@ from gateway_ledger.domain.values import (
     MediaItem,
     ObligationState,
     OwnerIdentity,
+    SendGuard,
+    send_guard,
 )
 from gateway_ledger.infrastructure.clock import Clock, system_clock
 from gateway_ledger.infrastructure.group_commit import GroupCommitWriter, Written
@@ -63,6 +65,12 @@ class OutgoingPart:
     index: int
     text: str
     media: MediaItem | None = None
+
+
+def _guard_for(adapter: PlatformAdapter, may_have_arrived: bool) -> SendGuard:
+    """The guard of a send through ``adapter``: its native key, or the marker if needed."""
+    native = bool(getattr(adapter, "supports_idempotency", False))
+    return send_guard(may_have_arrived=may_have_arrived, native_idempotency=native)
 
 
 def outgoing_parts(agg: DeliveryObligation) -> list[OutgoingPart]:
@@ -140,6 +148,8 @@ class _Flight:
     conflicted: bool = False
     last_write: Written | None = None
     runtime_retries: int = 0
+    guard: SendGuard = SendGuard.NONE
+    """What the next send does against an unannounced duplicate (recorded in Attempting)."""
 
     @property
     def oid(self) -> str:
@@ -330,6 +340,8 @@ class Gateway:
             return await self._send_unrecorded(context, reply, inbound_message_id, reason)
         oid = compute_obligation_id(context.session_key, inbound_message_id or "", reply.content)
         adapter = self._adapters.get(context.platform)
+        # A new reply: nothing of it can have arrived yet.
+        guard = SendGuard.NONE if adapter is None else _guard_for(adapter, False)
         try:
             agg = self.ledger.new_obligation(
                 obligation_id=oid,
@@ -344,7 +356,7 @@ class Gateway:
                 parts=reply.parts,
             )
             if adapter is not None:
-                agg.start_attempt(by=self.owner, now=self._now())
+                agg.start_attempt(by=self.owner, now=self._now(), guard=guard)
         except LedgerError as e:
             # Refused input is a ledger fault toward the gateway: the reply still goes out.
             self._fault(oid, "record", e)
@@ -364,7 +376,9 @@ class Gateway:
             log.info("obligation %s queued: platform %s not connected", oid, context.platform)
             return DeliveryOutcome(status="queued", obligation_id=oid, ledger_fault=fault)
         # After a timeout the commit may still land: later writes are chained after it.
-        flight = _Flight(agg=agg, adapter=adapter, tracked=not future.done() or not fault)
+        flight = _Flight(
+            agg=agg, adapter=adapter, tracked=not future.done() or not fault, guard=guard
+        )
         flight.last_write = future
         return await self._send(flight)
 
@@ -454,8 +468,8 @@ class Gateway:
         """Send every unconfirmed part, in order, then settle the obligation."""
         agg, adapter = flight.agg, flight.adapter
         target = agg.target
-        idempotent = bool(getattr(adapter, "supports_idempotency", False))
-        marker = agg.arrived_before_this_send and not idempotent
+        idempotent = flight.guard is SendGuard.IDEMPOTENCY_KEY
+        marker = flight.guard is SendGuard.MARKER
         parts = [p for p in outgoing_parts(agg) if not agg.part_delivered(p.index)]
         single = agg.part_count <= 1
         receipt: list[str] = [i for ids in agg.delivered_parts.values() for i in ids]
@@ -611,8 +625,9 @@ class Gateway:
             log.info("obligation %s not retried: another writer took it", flight.oid)
             return
         if flight.tracked:
+            flight.guard = _guard_for(flight.adapter, agg.may_have_arrived)
             try:
-                agg.start_attempt(by=self.owner, now=self._now())
+                agg.start_attempt(by=self.owner, now=self._now(), guard=flight.guard)
             except LedgerError as e:
                 log.info("obligation %s not retried: %s", flight.oid, type(e).__name__)
                 return
@@ -620,6 +635,7 @@ class Gateway:
                 return
         else:
             agg.arrived_before_this_send = True  # best-effort copy: assume it may have arrived
+            flight.guard = _guard_for(flight.adapter, True)
         try:
             await self._send(flight)
         except Exception as e:  # a retry runs detached: never let it die silently
@@ -639,7 +655,8 @@ class Gateway:
             return DeliveryOutcome(status="failed", obligation_id=oid)
         self._counters.recovered += 1
         log.info("obligation %s recovered marker=%s", oid, agg.arrived_before_this_send)
-        return await self._send(_Flight(agg=agg, adapter=adapter))
+        guard = _guard_for(adapter, agg.arrived_before_this_send)  # as Claimed decided
+        return await self._send(_Flight(agg=agg, adapter=adapter, guard=guard))
 
     # -- unrecorded sends ---------------------------------------------------------------------
 

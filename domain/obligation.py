@@ -27,6 +27,7 @@ from gateway_ledger.domain.values import (
     MediaItem,
     ObligationState,
     OwnerIdentity,
+    SendGuard,
     cut_error,
     receipt_ids,
     require_aware,
@@ -41,6 +42,13 @@ def compute_obligation_id(session_key: str, message_ref: str, content: str) -> s
     """Stable id: same turn + same content re-records idempotently (upstream, verbatim)."""
     payload = f"{session_key}|{message_ref}|{content}"
     return hashlib.sha256(payload.encode("utf-8", "replace")).hexdigest()[:24]
+
+
+def _send_guard(value: SendGuard | str) -> str:
+    try:
+        return SendGuard(value).value
+    except ValueError:
+        raise InvalidInput(f"unknown send guard {value!r}") from None
 
 
 def obligation_uuid(obligation_id: str) -> UUID:
@@ -231,16 +239,25 @@ class DeliveryObligation(Aggregate):
 
     # -- commands and their events ----------------------------------------------------------
 
-    def start_attempt(self, *, by: OwnerIdentity, now: datetime) -> None:
-        """The holder starts a send. After a claim, only the claimer may (fencing)."""
+    def start_attempt(
+        self, *, by: OwnerIdentity, now: datetime, guard: SendGuard | str | None = None
+    ) -> None:
+        """The holder starts a send. After a claim, only the claimer may (fencing).
+
+        ``guard`` is what the sender does against an unannounced duplicate (ADR 0026):
+        recorded so that the audit reads it instead of inferring it. None: not said.
+        """
         require_aware("now", now)
+        said = None if guard is None else _send_guard(guard)
         self._require_state("attempting", ObligationState.PENDING, ObligationState.FAILED)
         if self.fence > 0 and by != self.owner:
             raise self._refuse("attempting", f"claimed by {self.owner.describe()}; fenced out")
-        self._trigger("Attempting", by=by, fence=self.fence, timestamp=now)
+        self._trigger("Attempting", by=by, fence=self.fence, timestamp=now, guard=said)
 
     @event("Attempting")
-    def _attempting(self, by: OwnerIdentity, fence: int, timestamp: datetime) -> None:
+    def _attempting(
+        self, by: OwnerIdentity, fence: int, timestamp: datetime, guard: str | None = None
+    ) -> None:
         self.state = ObligationState.ATTEMPTING
         self.owner = by
         self.send_attempts += 1

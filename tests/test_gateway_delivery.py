@@ -27,6 +27,11 @@ def types(gw: Gateway, oid: str) -> list[str]:
     return [h.type for h in gw.ledger.history(oid)]
 
 
+def guards(gw: Gateway, oid: str) -> list[str]:
+    """What each send recorded it did against an unannounced duplicate (ADR 0026)."""
+    return [h.fields["guard"] for h in gw.ledger.history(oid) if h.type == "Attempting"]
+
+
 def test_a_reply_costs_two_commits_and_leaves_a_full_history(store_location: str) -> None:
     async def main() -> None:
         adapter = ScriptedAdapter()
@@ -139,6 +144,8 @@ def test_ambiguous_failure_marks_the_next_send(store_location: str) -> None:
             assert adapter.sent[1].content.endswith("hello")
             await gw.flush()
             assert gw.ledger.get(out.obligation_id).state == "delivered"
+            assert guards(gw, out.obligation_id) == ["none", "marker"]
+            assert gw.ledger.audit_duplicates().ok
 
     run(main())
 
@@ -197,6 +204,8 @@ def test_native_idempotency_gets_the_obligation_id_and_no_marker(store_location:
             await clock.advance(30)
             assert [s.idempotency_key for s in adapter.sent] == [out.obligation_id] * 2
             assert [s.content for s in adapter.sent] == ["hello", "hello"]
+            await gw.flush()
+            assert guards(gw, out.obligation_id) == ["idempotency_key"] * 2
 
     run(main())
 

@@ -15,6 +15,8 @@ from gateway_ledger.domain.values import (
     LedgerPolicy,
     ObligationState,
     OwnerIdentity,
+    SendGuard,
+    send_guard,
 )
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -49,6 +51,33 @@ def test_compute_obligation_id_is_upstream_formula() -> None:
     )
     # distinct threads on one chat never collide
     assert compute_obligation_id("a:t1", "m", "x") != compute_obligation_id("a:t2", "m", "x")
+
+
+def test_a_send_records_its_guard_and_a_bad_one_is_refused_before_any_event() -> None:
+    agg = new()
+    with pytest.raises(InvalidInput, match="unknown send guard 'hope'"):
+        agg.start_attempt(by=ALICE, now=T0, guard="hope")
+    assert agg.collect_events() == [] and agg.state is ObligationState.PENDING
+    agg.start_attempt(by=ALICE, now=T0, guard=SendGuard.NONE)
+    agg.fail(by=ALICE, now=T0, error="timeout", classification=ErrorClass.AMBIGUOUS)
+    agg.start_attempt(by=ALICE, now=T0, guard="marker")
+    agg.fail(by=ALICE, now=T0, error="timeout", classification=ErrorClass.AMBIGUOUS)
+    agg.start_attempt(by=ALICE, now=T0)  # the synchronous API says nothing
+    guards = [e.guard for e in agg.collect_events() if type(e).__name__ == "Attempting"]
+    assert guards == ["none", "marker", None]
+
+
+@pytest.mark.parametrize(
+    ("may_have_arrived", "native", "expected"),
+    [
+        (False, False, SendGuard.NONE),
+        (True, False, SendGuard.MARKER),
+        (False, True, SendGuard.IDEMPOTENCY_KEY),
+        (True, True, SendGuard.IDEMPOTENCY_KEY),
+    ],
+)
+def test_the_guard_rule(may_have_arrived: bool, native: bool, expected: SendGuard) -> None:
+    assert send_guard(may_have_arrived=may_have_arrived, native_idempotency=native) is expected
 
 
 def test_happy_path_and_retry() -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import sqlite3
 from datetime import timedelta
 
+import orjson
 import pytest
 
 from gateway_ledger.application.ledger import DeliveryLedger
@@ -95,6 +97,61 @@ def test_audit_flags_planted_histories_and_nothing_else(store_location: str) -> 
         ("unmarked_resend", unmarked),
     }
     assert report.counts()["double_claim"] == 0
+
+
+def test_audit_reads_the_guard_a_send_recorded(store_location: str) -> None:
+    """A re-send recorded as unguarded is flagged even though the history asked for the
+    marker; recorded guards count as labels; a send that said nothing is inferred."""
+    ledger = DeliveryLedger.open(store_location, owner=owner(4_200_008))
+    for oid, second in (("plain", "none"), ("marked", "marker"), ("keyed", "idempotency_key")):
+        record(ledger, oid)
+        agg = ledger._load(oid)
+        agg.start_attempt(by=ledger.owner, now=agg.last_transition_at, guard="none")
+        agg.fail(by=ledger.owner, now=agg.last_transition_at, error="timeout")
+        agg.start_attempt(by=ledger.owner, now=agg.last_transition_at, guard=second)
+        agg.confirm_delivery(by=ledger.owner, now=agg.last_transition_at)
+        ledger.save(agg)
+    record(ledger, "unsaid")  # the synchronous API: no guard recorded, the rule is assumed
+    ledger.mark_attempting("unsaid")
+    ledger.mark_failed("unsaid", "timeout", "ambiguous")
+    ledger.mark_attempting("unsaid")
+    ledger.mark_delivered("unsaid")
+    report = ledger.audit_duplicates()
+    assert [(f.kind, f.obligation_id) for f in report.findings] == [("unmarked_resend", "plain")]
+    labelled = {d.obligation_id: d.labelled for d in report.possible_duplicates}
+    assert labelled == {"plain": False, "marked": True, "keyed": True, "unsaid": True}
+    attempts = [h for h in ledger.history("marked") if h.type == "Attempting"]
+    assert [h.fields["guard"] for h in attempts] == ["none", "marker"]
+
+
+def test_attempts_stored_before_guards_were_recorded_still_load_and_are_inferred(
+    sqlite_location: str,
+) -> None:
+    ledger = DeliveryLedger.open(sqlite_location, owner=owner(4_200_009))
+    record(ledger, "old")
+    ledger.mark_attempting("old")
+    ledger.mark_failed("old", "timeout", "ambiguous")
+    ledger.mark_attempting("old")
+    ledger.close()
+    with sqlite3.connect(sqlite_location) as conn:  # as written before ADR 0026
+        rows = conn.execute(
+            "SELECT rowid, state FROM stored_events WHERE topic LIKE '%.Attempting'"
+        ).fetchall()
+        assert len(rows) == 2
+        for rowid, state in rows:
+            data = orjson.loads(state)
+            assert data.pop("guard") is None
+            conn.execute(
+                "UPDATE stored_events SET state = ? WHERE rowid = ?", (orjson.dumps(data), rowid)
+            )
+    ledger = DeliveryLedger.open(sqlite_location, owner=owner(4_200_009))
+    ledger.mark_delivered("old")
+    assert ledger.get("old").state == "delivered"
+    attempts = [h for h in ledger.history("old") if h.type == "Attempting"]
+    assert len(attempts) == 2 and all("guard" not in h.fields for h in attempts)
+    report = ledger.audit_duplicates()
+    assert report.ok and report.labelled_duplicates == 1
+    ledger.close()
 
 
 def test_audit_flags_a_second_claim_at_the_same_fence(store_location: str) -> None:

@@ -155,6 +155,8 @@ def test_history_shows_every_event_and_a_past_state(sim_dir: Path) -> None:
     assert past["later_events"] == len(types) - 1
     human = run("history", oid, db=db).stdout
     assert "Recorded" in human and "when (UTC)" in human
+    # The simulated gateways send through Gateway.deliver, which records each send's guard.
+    assert "Attempting" in types and "guard=" in human
 
 
 def test_retry_and_abandon_are_refused_on_final_obligations(store: Path) -> None:

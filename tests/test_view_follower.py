@@ -103,8 +103,9 @@ def test_a_killed_listen_connection_is_renewed_and_nothing_is_missed(pg_url: str
             record(writer, 2)  # may commit while nobody listens
             newest = writer.recorder.max_notification_id()
             eventually(lambda: follower.stats.position == newest)
+            eventually(lambda: wakeups._conn is not None)  # the LISTEN is renewed
             assert wakeups.reconnects == 1
-            assert wakeups._conn is not None and wakeups._conn.info.backend_pid != pid
+            assert wakeups._conn.info.backend_pid != pid
             record(writer, 2)  # and the renewed LISTEN hears the next ones
             newest = writer.recorder.max_notification_id()
             eventually(lambda: follower.stats.position == newest)

@@ -39,6 +39,8 @@ def _facts(kind: str, f: dict[str, Any]) -> str:
     facts = []
     if "fence" in f:
         facts.append(f"fence={f['fence']}")
+    if kind == "Attempting" and f.get("guard") is not None:
+        facts.append(f"guard={f['guard']}")
     if kind == "Claimed":
         facts.append(f"attempt={f.get('recovery_attempt')} marker={f.get('needs_marker')}")
     if kind == "Failed":
