@@ -120,7 +120,8 @@ def run_follow(args: argparse.Namespace) -> int:
             print_json_line({"applied": applied, "position": stats.position})
         else:
             counts = ", ".join(f"{name} {count}" for name, count in applied.items())
-            print(f"{time.strftime('%H:%M:%S')} applied {counts} (position {stats.position})")
+            now = time.strftime("%H:%M:%S", time.gmtime())
+            print(f"{now} applied {counts} (position {stats.position})")
         sys.stdout.flush()
 
     try:
