@@ -41,6 +41,14 @@ def test_simulate_loses_nothing_and_labels_every_duplicate(seed: int, tmp_path: 
     assert done.returncode == 0, report
     assert report["lost"] == 0
     assert report["unlabelled_duplicates"] == 0
+    # The ledger's own history agrees with what the platforms received.
+    assert set(report["audit_problems"]) == {
+        "unmarked_resend",
+        "double_claim",
+        "claim_from_live_owner",
+        "late_result",
+    }
+    assert not any(report["audit_problems"].values()), report["audit_problems"]
     assert report["unresolved"] == 0
     assert report["obligations"] == 24 * 3
     assert report["kills"] >= 1

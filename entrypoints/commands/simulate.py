@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from gateway_ledger.infrastructure.simulation.driver import Simulation, SimulationConfig
+from gateway_ledger.infrastructure.simulation.driver import Report, Simulation, SimulationConfig
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -61,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
         ("unresolved", report.unresolved),
         ("lost", report.lost),
         ("unlabelled duplicates", report.unlabelled_duplicates),
+        ("audit of the ledger's history", audit_line(report)),
         ("messages received", report.messages_received),
         ("gateways killed (SIGKILL)", report.kills),
         ("sweeping gateways started", report.sweeper_runs),
@@ -73,5 +74,20 @@ def run(args: argparse.Namespace) -> int:
     print(f"gateway-ledger simulate (seed {report.seed})")
     for name, value in rows:
         print(f"  {name:<{width}}  {value}")
-    print("OK: nothing lost, no unlabelled duplicate" if report.ok else "FAILED")
+    print(
+        "OK: nothing lost, no unlabelled duplicate, and the history agrees"
+        if report.ok
+        else "FAILED"
+    )
     return 0 if report.ok else 1
+
+
+def audit_line(report: Report) -> str:
+    """The audit's problem counts (all 0 when the history explains every send) and its
+    labelled possible duplicates, which the platforms saw as marked or deduplicated."""
+    problems = sum(report.audit_problems.values())
+    found = ", ".join(f"{k} {v}" for k, v in report.audit_problems.items() if v)
+    return (
+        f"{problems} problems{f' ({found})' if found else ''},"
+        f" {report.audit_labelled_duplicates} labelled possible duplicates"
+    )

@@ -55,6 +55,10 @@ class Report:
     unresolved: int = 0
     lost: int = 0
     unlabelled_duplicates: int = 0
+    audit_problems: dict[str, int] = attrs.field(factory=dict)
+    """What ``audit duplicates`` finds in the ledger's own history (ADR 0011): the
+    ledger's account, to set beside what the platforms received."""
+    audit_labelled_duplicates: int = 0
     messages_received: int = 0
     kills: int = 0
     restarts: int = 0
@@ -70,6 +74,7 @@ class Report:
         return (
             self.lost == 0
             and self.unlabelled_duplicates == 0
+            and not any(self.audit_problems.values())
             and self.unresolved == 0
             and self.gateway_failures == 0
         )
@@ -265,6 +270,9 @@ class Simulation:
                     r.redelivered_with_marker += 1
                 else:
                     r.redelivered_plain += 1
+            audit = ledger.audit_duplicates()
+            r.audit_problems = audit.counts()
+            r.audit_labelled_duplicates = audit.labelled_duplicates
         finally:
             ledger.close()
         r.abandoned = dict(sorted(abandoned.items()))
