@@ -51,6 +51,7 @@ from gateway_ledger.domain.values import (
     LedgerPolicy,
     MediaItem,
     OwnerIdentity,
+    SendGuard,
 )
 from gateway_ledger.infrastructure.clock import Clock, system_clock
 from gateway_ledger.infrastructure.installation import resolve_installation_id
@@ -242,9 +243,12 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
             metadata=metadata,
         )
 
-    def mark_attempting(self, obligation_id: str) -> None:
+    def mark_attempting(self, obligation_id: str, *, guard: SendGuard | str | None = None) -> None:
+        """A send starts. ``guard``: what it does against an unannounced duplicate
+        (``none``, ``marker`` or ``idempotency_key``), for the audit (ADR 0026); the
+        upstream call without it records nothing, and the audit assumes the rule."""
         obligation = self._load(obligation_id)
-        obligation.start_attempt(by=self.owner, now=self.clock())
+        obligation.start_attempt(by=self.owner, now=self.clock(), guard=guard)
         self._save(obligation, "attempting")
 
     def mark_delivered(

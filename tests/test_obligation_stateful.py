@@ -26,7 +26,13 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 
 from gateway_ledger.application.ledger import DeliveryLedger
 from gateway_ledger.domain.errors import IllegalTransition, NotFound
-from gateway_ledger.domain.values import AbandonReason, ErrorClass, LedgerPolicy, OwnerIdentity
+from gateway_ledger.domain.values import (
+    AbandonReason,
+    ErrorClass,
+    LedgerPolicy,
+    OwnerIdentity,
+    SendGuard,
+)
 
 OWNERS = [
     OwnerIdentity(host="gw-a", boot_id="b1", pid=101, start_time=11),
@@ -53,6 +59,7 @@ class Model:
     sends_may_have_arrived: list[bool] = attrs.Factory(list)  # one entry per started send
     late_delivery: bool = False  # a fenced-out owner reported that its send arrived
     events: list[str] = attrs.Factory(list)
+    unguarded_resends: int = 0  # sends recorded as guard "none" when the marker was due
 
     @property
     def needs_marker(self) -> bool:
@@ -139,10 +146,13 @@ class ObligationMachine(RuleBasedStateMachine):
         else:
             assert self._stored_count() == before  # idempotent: nothing appended
 
-    @rule(by=owner_index)
-    def attempt(self, by: int) -> None:
-        if self._run("attempt", by, lambda: self.ledgers[by].mark_attempting(OID)):
+    @rule(by=owner_index, guard=st.sampled_from([None, *SendGuard]))
+    def attempt(self, by: int, guard: SendGuard | None) -> None:
+        marker_due = self.model.needs_marker
+        call = lambda: self.ledgers[by].mark_attempting(OID, guard=guard)  # noqa: E731
+        if self._run("attempt", by, call):
             m = self.model
+            m.unguarded_resends += guard is SendGuard.NONE and marker_due
             m.state, m.owner = "attempting", by
             m.send_attempts += 1
             m.sends_may_have_arrived.append(True)
@@ -221,6 +231,10 @@ class ObligationMachine(RuleBasedStateMachine):
             assert status.version == len(m.events)
         history = self.reader.history(OID)
         assert [h.type for h in history] == m.events
+        # ADR 0026: the audit flags exactly the sends recorded as unguarded when a marker
+        # was due; a guard not said is taken as the rule followed.
+        findings = self.reader.audit_duplicates().findings
+        assert sum(f.kind == "unmarked_resend" for f in findings) == m.unguarded_resends
         assert [h.version for h in history] == list(range(1, len(m.events) + 1))
         assert self._stored_count() == len(m.events)
 
