@@ -13,7 +13,7 @@ process makes: both sides, in the same process, on the same disk, pay it on ever
 alike, as a slower disk would. The shim is compiled here with the system C compiler. Each
 row also measures what one single-row commit (the baseline's unit) then costs.
 
-    python benchmarks/disk_speed.py [--delays 0,25,50,100,250,1000] [--segments N]
+    python benchmarks/disk_speed.py [--delays 0,25,50,100,250,1000] [--segments N] [--quick]
 """
 
 from __future__ import annotations
@@ -103,8 +103,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--delays", default="0,25,50,100,250,1000", help="µs added per flush")
     parser.add_argument("--segments", type=int, default=8, help="turns per side and delay")
+    parser.add_argument("--quick", action="store_true", help="+0 and +100 µs, 3 turns")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.quick and not args.child:
+        args.delays, args.segments = "0,100", 3
     if args.child:
         child(args.segments)
         return

@@ -18,7 +18,7 @@ This prints, each measured the same way in one run, the median of:
 
 and the Python per reply that ours could spend and still break even in (a).
 
-    python benchmarks/floor.py [--replies N]
+    python benchmarks/floor.py [--replies N] [--quick]
 """
 
 from __future__ import annotations
@@ -129,7 +129,10 @@ def commits(tmp: Path, n: int) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--replies", type=int, default=3000)
+    parser.add_argument("--quick", action="store_true", help="600 replies (smoke run)")
     args = parser.parse_args()
+    if args.quick:
+        args.replies = 600
     trip = asyncio.run(round_trip(max(1000, args.replies * 3)))
     with tempfile.TemporaryDirectory(prefix="gateway-ledger-floor-") as tmp:
         ours, base = commits(Path(tmp), args.replies)

@@ -10,7 +10,7 @@ per transaction) and leaves 100 orphans; then a host opens the ledger and sweeps
 the sweep, without a follower and with one running. With the follower, the sweep starts
 once the follower has caught up (printed too: how long after the last commit).
 
-    python benchmarks/follower.py [--backend sqlite|postgres] [--between N] [--rounds N]
+    python benchmarks/follower.py [--backend sqlite|postgres] [--between N] [--rounds N] [--quick]
 """
 
 from __future__ import annotations
@@ -94,7 +94,10 @@ def main() -> None:
     parser.add_argument("--backend", choices=("sqlite", "postgres"), default="sqlite")
     parser.add_argument("--between", type=int, default=2000, help="replies between sweeps")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="500 replies between, 2 rounds")
     args = parser.parse_args()
+    if args.quick:
+        args.between, args.rounds = 500, 2
     results = {}
     for follow in (False, True):
         if args.backend == "postgres":
