@@ -24,6 +24,7 @@ import time
 import uuid
 from pathlib import Path
 
+from privacy import drop
 from sweep import PG_BASE_URL, dead_owner, orphan, timed, write_history
 
 from gateway_ledger.application.ledger import DeliveryLedger
@@ -107,8 +108,6 @@ def main() -> None:
         DeliveryLedger.open(location).close()  # the tables exist before the follower starts
         results[follow] = measure(location, args.rounds, args.between, follow)
         if args.backend == "postgres":
-            from privacy import drop
-
             drop(location)
     (alone, _), (followed, lag) = results[False], results[True]
     print(

@@ -7,7 +7,7 @@ missing, so several installations (or test runs) can share one database.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
@@ -97,6 +97,18 @@ def postgres_environment(url: str) -> dict[str, str]:
         "POSTGRES_CONNECT_TIMEOUT": "10",
         "POSTGRES_LOCK_TIMEOUT": "10",
         "POSTGRES_PRE_PING": "y",
+    }
+
+
+def environment_params(env: Mapping[str, str]) -> dict[str, str]:
+    """The reverse of :func:`postgres_environment`: connection parameters for
+    :func:`connect`, from an application's environment (for connections of our own)."""
+    return {
+        "host": env.get("POSTGRES_HOST", "127.0.0.1"),
+        "port": env.get("POSTGRES_PORT", "5432"),
+        "user": env.get("POSTGRES_USER", "postgres"),
+        "password": env.get("POSTGRES_PASSWORD", ""),
+        "dbname": env.get("POSTGRES_DBNAME", "postgres"),
     }
 
 

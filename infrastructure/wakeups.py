@@ -26,6 +26,9 @@ BACKOFF = 0.1
 
 
 class Wakeups(Protocol):
+    default_interval: float
+    """Seconds between catch-ups when nothing wakes the follower sooner."""
+
     def wait(self, timeout: float, stop: threading.Event) -> bool:
         """Block up to ``timeout`` seconds; True if news arrived, False otherwise."""
 
@@ -34,6 +37,8 @@ class Wakeups(Protocol):
 
 class Polling:
     """SQLite: nothing announces a commit, so the follower looks every ``timeout``."""
+
+    default_interval = 0.5
 
     def wait(self, timeout: float, stop: threading.Event) -> bool:
         stop.wait(timeout)
@@ -50,14 +55,13 @@ class PostgresNotifications:
     (0.1 s, doubling up to the timeout) and reconnects on the next wait.
     """
 
+    default_interval = 5.0
+    """A safety net only: NOTIFY is the mechanism."""
+
     def __init__(self, env: Mapping[str, str], channel: str) -> None:
-        self.params = {
-            "host": env.get("POSTGRES_HOST", "127.0.0.1"),
-            "port": env.get("POSTGRES_PORT", "5432"),
-            "user": env.get("POSTGRES_USER", "postgres"),
-            "password": env.get("POSTGRES_PASSWORD", ""),
-            "dbname": env.get("POSTGRES_DBNAME", "postgres"),
-        }
+        from gateway_ledger.infrastructure.postgres import environment_params
+
+        self.params = environment_params(env)
         self.channel = channel
         self.reconnects = 0
         self._backoff = 0.0

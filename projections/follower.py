@@ -32,11 +32,6 @@ from gateway_ledger.projections.runner import DEFAULT_BATCH_SIZE
 
 log = logging.getLogger("gateway_ledger.projections")
 
-POSTGRES_INTERVAL = 5.0
-"""Seconds between catch-ups when no NOTIFY arrives (a safety net, not the mechanism)."""
-SQLITE_INTERVAL = 0.5
-"""Seconds between catch-ups on SQLite, which cannot announce a commit."""
-
 
 @attrs.define
 class FollowStats:
@@ -74,9 +69,7 @@ class ViewFollower:
     ) -> None:
         self.views = [projection(app, name) for name in names]
         self.wakeups = wakeups or wakeups_for(app)
-        is_postgres = app.env.get("PERSISTENCE_MODULE") == "eventsourcing.postgres"
-        default = POSTGRES_INTERVAL if is_postgres else SQLITE_INTERVAL
-        self.interval = default if interval is None else interval
+        self.interval = self.wakeups.default_interval if interval is None else interval
         if self.interval <= 0:
             raise InvalidInput(f"interval must be positive, not {self.interval}")
         self.batch_size = batch_size
