@@ -128,6 +128,12 @@ class DuplicateAudit:
 Owner = tuple[Any, ...]
 
 
+def _fenced_out(ob: _Obligation, state: dict[str, Any], by: Owner) -> bool:
+    """``DeliveryObligation.is_fenced_out``, on the audit's replay of the history."""
+    fence = state.get("fence")
+    return (ob.fence > 0 and by != ob.owner) or (fence is not None and int(fence) < ob.fence)
+
+
 def _owner(value: Any) -> Owner:
     data = value.get("_data_", value) if isinstance(value, dict) else {}
     return tuple(data.values())
@@ -284,10 +290,14 @@ class DuplicateAuditor:
     def _result(
         self, ob: _Obligation, version: int, state: dict[str, Any], by: Owner | None, kind: str
     ) -> _Send | None:
-        fence = state.get("fence")
-        if by is not None and (by != ob.owner or (fence is not None and int(fence) < ob.fence)):
+        """The send a result speaks for, as the aggregate decides it (ADR 0010): a result
+        from a fenced-out owner is late and about that owner's own send; any other result
+        is a transition about the current send, whoever reports it (before a claim, the
+        upstream API lets any process report)."""
+        if by is not None and _fenced_out(ob, state, by):
             self.flag("late_result", ob, version, state, f"{kind} from a fenced-out owner")
-        return None if by is None else ob.last_send_by(by)
+            return ob.last_send_by(by)
+        return ob.sends[-1] if ob.sends else None
 
     def _on_Delivered(
         self, ob: _Obligation, version: int, state: dict[str, Any], by: Owner | None
@@ -306,7 +316,7 @@ class DuplicateAuditor:
         send = self._result(ob, version, state, by, "Failed")
         if send is not None and state.get("classification") != _AMBIGUOUS:
             send.may_have_arrived = False  # the platform said no: this send never arrived
-        if by == ob.owner:
+        if by is None or not _fenced_out(ob, state, by):
             ob.state = "failed"
 
     def _on_Abandoned(

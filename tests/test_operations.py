@@ -154,6 +154,32 @@ def test_attempts_stored_before_guards_were_recorded_still_load_and_are_inferred
     ledger.close()
 
 
+def test_audit_follows_the_aggregate_when_another_process_reports_the_failure(
+    store_location: str,
+) -> None:
+    """Before any claim, any process may report a result (the upstream API has no owner
+    check): the aggregate takes a definite refusal as one of the current send, so the
+    claim that follows needs no marker. The audit used to pin the refusal on the
+    reporter's own sends, then flag the claim as unmarked and the report as late.
+    (Found by the state-machine test.)"""
+    sender = DeliveryLedger.open(store_location, owner=owner(4_200_010))
+    other = DeliveryLedger.open(store_location, owner=owner(4_200_011))
+    record(sender, "refused")
+    sender.mark_attempting("refused")
+    other.mark_failed("refused", "chat not writable", "rejected")
+    agg = other._load("refused")
+    assert agg.needs_marker is False  # the refused send never arrived
+    agg.claim(by=other.owner, now=agg.last_transition_at, policy=other.policy)
+    other.save(agg)
+    claimed = [h for h in other.history("refused") if h.type == "Claimed"]
+    assert claimed[0].fields["needs_marker"] is False
+    report = other.audit_duplicates()
+    assert report.findings == ()
+    assert report.possible_duplicates == ()
+    sender.close()
+    other.close()
+
+
 def test_audit_flags_a_second_claim_at_the_same_fence(store_location: str) -> None:
     ledger = DeliveryLedger.open(store_location, owner=owner(4_200_005))
     record(ledger, "twice")
