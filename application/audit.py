@@ -128,6 +128,12 @@ class DuplicateAudit:
 Owner = tuple[Any, ...]
 
 
+def _when(state: dict[str, Any]) -> str:
+    """An event's time as ISO 8601 text, read from its stored encoding (a tagged value)."""
+    stamp = state.get("timestamp")
+    return str(stamp.get("_data_") if isinstance(stamp, dict) else stamp)
+
+
 def _fenced_out(ob: _Obligation, state: dict[str, Any], by: Owner) -> bool:
     """``DeliveryObligation.is_fenced_out``, on the audit's replay of the history."""
     fence = state.get("fence")
@@ -186,7 +192,7 @@ class DuplicateAuditor:
     def flag(
         self, kind: str, ob: _Obligation, version: int, state: dict[str, Any], why: str
     ) -> None:
-        self.findings.append(AuditFinding(kind, ob.oid, version, str(state.get("timestamp")), why))
+        self.findings.append(AuditFinding(kind, ob.oid, version, _when(state), why))
 
     def feed(self, originator_id: Any, version: int, topic: str, raw: bytes) -> None:
         self.events += 1

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import orjson
 import pytest
@@ -91,6 +91,8 @@ def test_audit_flags_planted_histories_and_nothing_else(store_location: str) -> 
     report = ledger.audit_duplicates()
     assert not report.ok
     found = {(f.kind, f.obligation_id) for f in report.findings}
+    for finding in report.findings:  # operators read when, as a time, not an encoding
+        assert datetime.fromisoformat(finding.timestamp).tzinfo is not None
     assert found == {
         ("late_result", late),
         ("claim_from_live_owner", late),
