@@ -61,6 +61,7 @@ from gateway_ledger.domain.session_route import (
 from gateway_ledger.domain.session_source import SessionSource
 from gateway_ledger.domain.values import require_aware, require_text
 from gateway_ledger.infrastructure.clock import Clock, system_clock
+from gateway_ledger.infrastructure.private_files import replace_private_file
 from gateway_ledger.infrastructure.private_mapper import ENCRYPT_ENV, PrivateEvents
 from gateway_ledger.infrastructure.secrets import load_or_create_secret, secret_path
 from gateway_ledger.infrastructure.store import opening, store_environment
@@ -557,16 +558,13 @@ class SessionStore(PrivateEvents, Application[UUID]):
             raise NotFound("session", session_id)
         folder = Path(directory)
         folder.mkdir(parents=True, exist_ok=True)
+        # The transcript is personal data: written owner-only, through a temporary that
+        # never follows a planted symlink and is removed if anything fails.
         target = folder / f"{session_id}.jsonl"
-        tmp = folder / f".{session_id}.{os.getpid()}.tmp"
-        count = 0
-        with open(tmp, "wb") as out:
-            for message in self._messages(uuid):
-                out.write(orjson.dumps(message.to_dict()) + b"\n")
-                count += 1
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, target)
+        count = replace_private_file(
+            target,
+            (orjson.dumps(message.to_dict()) + b"\n" for message in self._messages(uuid)),
+        )
         log.info("session %s exported: %d messages", session_id, count)
         return target
 

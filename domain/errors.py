@@ -47,3 +47,13 @@ class ConcurrentUpdate(LedgerError):
             f"{kind} {ident} was changed by another writer while {transition} was being "
             "recorded; reload and decide again"
         )
+
+
+class UnsafeSecretFile(InvalidInput):
+    """A key or secret file that others can read, or that another user owns (and so may
+    have planted): adopting it would hand them the sealed data; nothing was read or written."""
+
+
+class MasterKeyMissing(LedgerError):
+    """The store holds data sealed under a master key that is nowhere to be found: a new
+    key could not open it, so none is made and nothing is written."""

@@ -32,7 +32,7 @@ from eventsourcing.persistence import OperationalError
 
 from gateway_ledger.domain.errors import LedgerError
 from gateway_ledger.infrastructure.key_table import KeyRaceLost, KeyTable
-from gateway_ledger.infrastructure.master_key import derive, load_master_key
+from gateway_ledger.infrastructure.master_key import derive, load_master_key, read_master_key
 from gateway_ledger.infrastructure.randomness import shared_pool
 
 log = logging.getLogger("gateway_ledger.privacy")
@@ -80,7 +80,9 @@ class KeyRing:
         cache_ttl: float | None = None,
     ) -> None:
         self._table_factory = table
-        self._table: KeyTable | None = None
+        self._table: KeyTable | None = None  # set once the master key is checked against it
+        self._opened_table: KeyTable | None = None
+        self._master: bytes | None = None
         self.location = location
         self.key_file = key_file
         ttl = (
@@ -112,12 +114,39 @@ class KeyRing:
         assert self._table is not None
         return self._table
 
+    def _key_table(self) -> KeyTable:
+        if self._opened_table is None:
+            self._opened_table = self._table_factory()
+        return self._opened_table
+
+    def _is_sealed(self, table: KeyTable) -> bool:
+        """Whether a master key was ever used on this store (its check value is stored)."""
+        return table.get_meta(_MASTER_CHECK) is not None
+
+    def check_master_key(self) -> None:
+        """At open: a configured key must be well-formed and private, and a missing one is
+        refused (``MasterKeyMissing``) when the store holds sealed data. Creates nothing:
+        a store that holds nothing sealed yet gets its key on first use."""
+        with self._init_lock:
+            if self._master is not None or self._table is not None:
+                return
+            master = read_master_key(self.location, self.key_file)
+            if master is None:
+                if self._is_sealed(self._key_table()):
+                    load_master_key(self.location, self.key_file)  # raises MasterKeyMissing
+                return
+            self._master = master
+
     def _setup(self) -> None:
         with self._init_lock:
             if self._table is not None:
                 return
-            master = load_master_key(self.location, self.key_file)
-            table = self._table_factory()
+            table = self._key_table()
+            master = self._master or read_master_key(self.location, self.key_file)
+            if master is None:
+                master = load_master_key(
+                    self.location, self.key_file, create=not self._is_sealed(table)
+                )
             check = hmac.new(master, b"gateway-ledger master key check v1", "sha256").hexdigest()
             stored = table.put_meta_once(_MASTER_CHECK, check[:32])
             if not hmac.compare_digest(stored, check[:32]):
@@ -129,6 +158,12 @@ class KeyRing:
             self._name_key = derive(master, "gateway-ledger/subject-id/v1")
             self._master_for_derivation = master
             self._table = table
+
+    def close(self) -> None:
+        """Close the key table's private connection, if one was opened."""
+        table = self._opened_table
+        if table is not None:
+            table.close()
 
     def derived_key(self, purpose: str) -> bytes:
         """A key for another keyed-hash purpose, derived from the master key (never stored)."""

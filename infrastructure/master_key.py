@@ -1,10 +1,14 @@
 """The installation master key: the root of the key hierarchy (ADR 0012).
 
 It never touches the event store. It comes from ``GATEWAY_LEDGER_MASTER_KEY`` (32 bytes,
-base64), or from a key file created on first open with owner-only permissions (0600):
+base64), or from a key file created on first use with owner-only permissions (0600):
 next to an SQLite store (``<db>.key``), or in ``GATEWAY_LEDGER_KEY_DIR`` (default
 ``~/.local/share/gateway-ledger``) for PostgreSQL. Purpose keys are derived from it with
 HKDF, so one secret wraps data keys and names subjects without the two uses mixing.
+
+A key file is created only for a store that holds nothing sealed yet, and adopted only if
+this user owns it and nobody else can read it (``private_files``): a key planted by
+another local user would let them read everything sealed after.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from pathlib import Path
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from gateway_ledger.domain.errors import InvalidInput
+from gateway_ledger.domain.errors import InvalidInput, MasterKeyMissing
+from gateway_ledger.infrastructure.private_files import create_private_file, read_private_file
 
 log = logging.getLogger("gateway_ledger.privacy")
 
@@ -39,11 +44,12 @@ def derive(master: bytes, purpose: str) -> bytes:
     ).derive(master)
 
 
-def _decode(text: str, source: str) -> bytes:
+def _decode(data: bytes | str, source: str) -> bytes:
     try:
+        text = data.decode("ascii") if isinstance(data, bytes) else data
         raw = base64.b64decode(text.strip(), validate=True)
-    except (binascii.Error, ValueError):
-        raise InvalidInput(f"the master key in {source} is not base64") from None
+    except (UnicodeDecodeError, binascii.Error, ValueError):
+        raise InvalidInput(f"the master key in {source} is not base64 text") from None
     if len(raw) != KEY_BYTES:
         raise InvalidInput(f"the master key in {source} must be {KEY_BYTES} bytes, not {len(raw)}")
     return raw
@@ -62,38 +68,41 @@ def default_key_file(location: str) -> Path:
     return Path(directory) / "master.key"
 
 
-def load_master_key(location: str, key_file: str | Path | None = None) -> bytes:
-    """The master key from the environment, else from the key file (created if absent)."""
+def read_master_key(location: str, key_file: str | Path | None = None) -> bytes | None:
+    """The configured master key, or None when neither the variable nor the file exists.
+
+    A key file is used only if this user owns it and nobody else can read it
+    (:func:`read_private_file`); a malformed one is an ``InvalidInput``, never a new key.
+    """
     text = os.environ.get(MASTER_KEY_ENV)
     if text:
         return _decode(text, f"${MASTER_KEY_ENV}")
     path = Path(key_file) if key_file else default_key_file(location)
-    if not path.exists():
-        _create_key_file(path)
-    mode = path.stat().st_mode & 0o777
-    if mode & 0o077:
-        log.warning("master key file %s is readable by others (mode %o); chmod 600 it", path, mode)
-    return _decode(path.read_text(), str(path))
+    data = read_private_file(path, "master key file")
+    return None if data is None else _decode(data, str(path))
 
 
-def _create_key_file(path: Path) -> None:
-    """Write a fresh key to a private temporary file, then link it into place.
+def load_master_key(
+    location: str, key_file: str | Path | None = None, *, create: bool = False
+) -> bytes:
+    """The master key; with ``create=True`` a new key file is made when there is none.
 
-    ``os.link`` fails if another process created the file first; that process's key
-    wins and both read the same one. A reader never sees a half-written key.
+    Only a store that holds nothing sealed yet may get a new key (``KeyRing`` decides):
+    a fresh key beside sealed data could open none of it.
     """
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(base64.b64encode(secrets.token_bytes(KEY_BYTES)).decode() + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        try:
-            os.link(tmp, path)
-            log.info("created master key file %s (mode 600)", path)
-        except FileExistsError:
-            pass
-    finally:
-        tmp.unlink(missing_ok=True)
+    master = read_master_key(location, key_file)
+    if master is not None:
+        return master
+    path = Path(key_file) if key_file else default_key_file(location)
+    if not create:
+        raise MasterKeyMissing(
+            f"master key missing: no {path} and no ${MASTER_KEY_ENV}; restore the key "
+            "this store was sealed with (a new key could not open its data)"
+        )
+    key = base64.b64encode(secrets.token_bytes(KEY_BYTES)) + b"\n"
+    if create_private_file(path, key):
+        log.info("created master key file %s (mode 600)", path)
+    master = read_master_key(location, key_file)
+    if master is None:
+        raise MasterKeyMissing(f"master key missing: {path} vanished as it was created")
+    return master

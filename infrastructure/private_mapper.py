@@ -498,6 +498,17 @@ class PrivateEvents:
     env: Any
     recorder: Any
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Open the store, then check its master key before anything reads or writes: a
+        malformed or unsafe key, or none beside sealed data, is refused here, not later
+        in the middle of a command (and a new key is never made for sealed data)."""
+        super().__init__(*args, **kwargs)
+        try:
+            self.private_mapper.keyring.check_master_key()
+        except BaseException:
+            PrivateEvents.close(self)
+            raise
+
     def construct_env(self, name: str, env: Any = None) -> Any:
         """The recorder that stores new data keys with their events, on either store."""
         environment = super().construct_env(name, env)  # type: ignore[misc]
@@ -551,7 +562,5 @@ class PrivateEvents:
 
     def close(self) -> None:
         """Close the key table's private connection too (then the store's)."""
-        table = self.private_mapper.keyring._table
-        if table is not None:
-            table.close()
+        self.private_mapper.keyring.close()
         super().close()  # type: ignore[misc]

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import os
 import secrets
-import stat
 from pathlib import Path
 
 from gateway_ledger.domain.errors import InvalidInput
+from gateway_ledger.infrastructure.private_files import read_or_create_private_file
 from gateway_ledger.infrastructure.store import is_postgres_url
 
 SECRET_BYTES = 32
@@ -42,48 +42,20 @@ def secret_path(location: str | Path, secret_dir: str | Path | None = None) -> P
 
 
 def load_or_create_secret(path: str | Path) -> bytes:
-    """Read the secret at ``path``, creating it atomically (0600) if it does not exist."""
+    """Read the secret at ``path``, creating it atomically (0600) if it does not exist.
+
+    An existing secret is adopted only if this user owns it and nobody else can read it
+    (the same rule as the master key's, in ``private_files``).
+    """
     target = Path(path)
-    if not target.exists():
-        _create(target)
-    return _read(target)
-
-
-def _create(target: Path) -> None:
-    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    data = read_or_create_private_file(
+        target,
+        "session secret",
+        lambda: (secrets.token_hex(SECRET_BYTES) + "\n").encode("ascii"),
+    )
     try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, (secrets.token_hex(SECRET_BYTES) + "\n").encode("ascii"))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
-        # link() fails if another process created the secret first: theirs wins, and
-        # nobody ever reads a half-written file.
-        os.link(tmp, target)
-    except FileExistsError:
-        pass
-    finally:
-        tmp.unlink(missing_ok=True)
-    dir_fd = os.open(target.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-def _read(target: Path) -> bytes:
-    mode = stat.S_IMODE(target.stat().st_mode)
-    if mode & 0o077:
-        raise InvalidInput(
-            f"{target} is readable by others (mode {mode:o}); run: chmod 600 {target}"
-        )
-    text = target.read_text("ascii").strip()
-    try:
-        secret = bytes.fromhex(text)
-    except ValueError:
+        secret = bytes.fromhex(data.decode("ascii").strip())
+    except ValueError:  # UnicodeDecodeError included
         raise InvalidInput(f"{target} does not hold a hex secret") from None
     if len(secret) < 16:
         raise InvalidInput(f"{target} holds a secret shorter than 16 bytes")

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from gateway_ledger.domain.errors import InvalidInput, LedgerError
+from gateway_ledger.infrastructure.private_files import create_private_store_file
 
 DEFAULT_BUSY_TIMEOUT_SECONDS = 10  # upstream's busy timeout; writers wait, never fail fast
 
@@ -31,6 +32,9 @@ def sqlite_environment(
     if db.is_dir():
         raise InvalidInput(f"{location} is a directory, not a database file")
     db.parent.mkdir(parents=True, exist_ok=True)
+    # Owner-only from the first byte, whatever the umask; SQLite gives the -wal and -shm
+    # files the database file's mode, so they are private too.
+    create_private_store_file(db)
     ensure_wal(db, busy_timeout)
     return {
         "PERSISTENCE_MODULE": "eventsourcing.sqlite",
