@@ -91,6 +91,10 @@ def read_private_file(path: Path, what: str) -> bytes | None:
         fd = os.open(path, os.O_RDONLY | _CLOEXEC | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         return None
+    except PermissionError:
+        raise UnsafeSecretFile(
+            f"{what} {path} cannot be read by this user (uid {os.geteuid()})"
+        ) from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
