@@ -47,3 +47,12 @@ class ConcurrentUpdate(LedgerError):
             f"{kind} {ident} was changed by another writer while {transition} was being "
             "recorded; reload and decide again"
         )
+
+
+class NotAStore(LedgerError):
+    """A command that works on an existing store was given something else: a missing
+    path, a directory, another application's file, or a store it cannot reach."""
+
+
+class ReadOnlyStore(LedgerError):
+    """A command that appends was given a store this process may only read."""

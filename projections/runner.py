@@ -26,6 +26,7 @@ from eventsourcing.persistence import IntegrityError, Notification
 
 from gateway_ledger.infrastructure.bulk_events import to_domain_events
 from gateway_ledger.infrastructure.sql_dialect import Cursor, SqlDialect, dialect_for
+from gateway_ledger.infrastructure.store import is_read_only
 
 log = logging.getLogger("gateway_ledger.projections")
 
@@ -60,7 +61,10 @@ class ProjectionRunner:
         self.projection = projection
         self.dialect = dialect_for(app.recorder)
         self.tracking_table = self.dialect.table(f"{projection.name}_tracking")
-        self._ready = False
+        # A store opened read-only (a copy, another user's store) is read as it is: the
+        # view answers from its tracked position and reports its lag, nothing is written.
+        self.read_only = is_read_only(app.env)
+        self._ready = self.read_only
 
     # -- tables -----------------------------------------------------------------------------
 
@@ -123,7 +127,10 @@ class ProjectionRunner:
     def catch_up(
         self, *, batch_size: int = DEFAULT_BATCH_SIZE, max_batches: int | None = None
     ) -> int:
-        """Apply every notification after the tracked position; returns how many applied."""
+        """Apply every notification after the tracked position; returns how many applied
+        (none on a store opened read-only: its lag is reported instead)."""
+        if self.read_only:
+            return 0
         self.ensure_tables()
         started = time.perf_counter()
         applied = 0
