@@ -243,3 +243,127 @@ def test_sweep_abandon_stale_abandons_only_what_is_stale(tmp_path: Path) -> None
     assert [e["type"] for e in fresh["history"]] == ["Recorded"]
     human = run("sweep", "--abandon-stale", "--db", str(db))
     assert human.returncode == 0 and "left for a gateway" in human.stdout
+
+
+# -- every failure: exit 2, one line, no traceback -------------------------------------------
+
+
+def _world_readable_dir() -> Path:
+    folder = Path(tempfile.mkdtemp(prefix="gateway-ledger-cli-"))
+    folder.chmod(0o755)
+    return folder
+
+
+def _store(tmp: Path) -> Path:
+    return make_store(tmp / "ledger.db", "owed-1")
+
+
+def _text(tmp: Path) -> Path:
+    (tmp / "notes.db").write_text("not a database\n")
+    return tmp / "notes.db"
+
+
+def _empty(tmp: Path) -> Path:
+    (tmp / "empty.db").write_bytes(b"")
+    return tmp / "empty.db"
+
+
+def _truncated(tmp: Path) -> Path:
+    db = _store(tmp)
+    with db.open("r+b") as f:
+        f.truncate(4096)  # the header and schema page survive, the rest is gone
+    return db
+
+
+def _corrupt(tmp: Path) -> Path:
+    db = _store(tmp)
+    size = db.stat().st_size
+    with db.open("r+b") as f:
+        f.seek(4096)
+        f.write(b"\xa5" * (size - 4096))
+    return db
+
+
+def _unreadable(tmp: Path) -> Path:
+    folder = _world_readable_dir()
+    db = make_store(folder / "ledger.db", "owed-1")
+    db.chmod(0o600)  # root's, and user nobody runs the command
+    return db
+
+
+def _binary_key(tmp: Path) -> Path:
+    db = _store(tmp)
+    Path(f"{db}.key").write_bytes(bytes(range(256)))
+    return db
+
+
+def _missing_key(tmp: Path) -> Path:
+    db = _store(tmp)
+    Path(f"{db}.key").unlink()
+    return db
+
+
+PG_DOWN = "postgresql://postgres@127.0.0.1:1/test"
+PG_NO_DATABASE = "postgresql://postgres@127.0.0.1:5432/gateway_ledger_no_such_database"
+
+# id: (store maker or URL or None for the store itself, arguments, extra environment, as nobody)
+FAILURES: dict[str, tuple[Any, list[str | bytes], dict[str, str], bool]] = {
+    "text-file": (_text, ["status"], {}, False),
+    "empty-file": (_empty, ["list"], {}, False),
+    "directory": (lambda tmp: tmp, ["status"], {}, False),
+    "missing-store": (lambda tmp: tmp / "nope.db", ["metrics"], {}, False),
+    "truncated-store": (_truncated, ["list"], {}, False),
+    "corrupt-store": (_corrupt, ["history", "owed-1"], {}, False),
+    "permission-denied": (_unreadable, ["status"], {}, True),
+    "postgres-down": (PG_DOWN, ["status"], {}, False),
+    "postgres-database-missing": (PG_NO_DATABASE, ["list"], {}, False),
+    "postgres-bad-port": ("postgresql://postgres@127.0.0.1:port/test", ["status"], {}, False),
+    "postgres-port-out-of-range": ("postgresql://postgres@127.0.0.1:99999/test", ["list"], {}, False),
+    "key-cache-ttl-not-a-number": (
+        _store,
+        ["history", "owed-1"],
+        {"GATEWAY_LEDGER_KEY_CACHE_TTL": "abc"},
+        False,
+    ),
+    "lease-ttl-not-a-number": (_store, ["status"], {"GATEWAY_LEDGER_LEASE_TTL": "soon"}, False),
+    "since-out-of-range": (_store, ["list", "--since", "999999999999d"], {}, False),
+    "at-out-of-range": (_store, ["history", "owed-1", "--at", "999999999999d"], {}, False),
+    "argument-not-utf-8": (_store, ["history", b"owed-\xff\xfe"], {}, False),
+    "bad-option-value": (_store, ["list", "--limit", "many"], {}, False),
+    "binary-key-file": (_binary_key, ["history", "owed-1"], {}, False),
+    "missing-key-file": (_missing_key, ["history", "owed-1"], {}, False),
+    "forget-missing-store": (lambda tmp: tmp / "typo.db", ["sessions", "forget", "k"], {}, False),
+}
+
+
+@pytest.mark.parametrize("case", FAILURES)
+def test_every_failure_is_exit_2_and_one_line(tmp_path: Path, case: str) -> None:
+    maker, args, env, as_nobody = FAILURES[case]
+    if as_nobody and shutil.which("setpriv") is None:
+        pytest.fail("setpriv is needed to run a command as another user")
+    location = maker if isinstance(maker, str) else str(maker(tmp_path))
+    try:
+        done = run(*args, "--db", location, env=env, as_nobody=as_nobody, cwd=Path("/"))
+        line = one_line_exit_2(done)
+        assert line.startswith("gateway-ledger"), line
+    finally:
+        if not isinstance(maker, str) and location.startswith(tempfile.gettempdir() + "/gateway"):
+            shutil.rmtree(Path(location).parent)
+
+
+def test_a_postgres_schema_without_a_store_is_refused_and_not_created() -> None:
+    from gateway_ledger.infrastructure.postgres import connect, parse_postgres_url
+    from tests.conftest import new_postgres_url, require_postgres
+
+    require_postgres()
+    url = new_postgres_url()
+    params = parse_postgres_url(url)
+    schema = params["schema"]
+    for command in (["status"], ["list"], ["sessions", "list"], ["sessions", "forget", "k"]):
+        line = one_line_exit_2(run(*command, "--db", url))
+        assert "not a gateway-ledger store" in line
+    with connect(params) as conn:
+        found = conn.execute(
+            "SELECT 1 FROM information_schema.schemata WHERE schema_name = %s", (schema,)
+        ).fetchone()
+    assert found is None
