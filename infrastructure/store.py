@@ -171,7 +171,9 @@ def require_sqlite_store(db: Path) -> None:
             conn.close()
     except sqlite3.Error as e:
         raise NotAStore(f"{db} cannot be read as a gateway-ledger store: {e}") from None
-    if EVENTS_TABLE not in tables or (first is not None and not str(first[0]).startswith(OUR_TOPICS)):
+    if EVENTS_TABLE not in tables or (
+        first is not None and not str(first[0]).startswith(OUR_TOPICS)
+    ):
         raise NotAStore(f"{db} is not a gateway-ledger store")
 
 

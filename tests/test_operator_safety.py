@@ -318,7 +318,12 @@ FAILURES: dict[str, tuple[Any, list[str | bytes], dict[str, str], bool]] = {
     "postgres-down": (PG_DOWN, ["status"], {}, False),
     "postgres-database-missing": (PG_NO_DATABASE, ["list"], {}, False),
     "postgres-bad-port": ("postgresql://postgres@127.0.0.1:port/test", ["status"], {}, False),
-    "postgres-port-out-of-range": ("postgresql://postgres@127.0.0.1:99999/test", ["list"], {}, False),
+    "postgres-port-out-of-range": (
+        "postgresql://postgres@127.0.0.1:99999/test",
+        ["list"],
+        {},
+        False,
+    ),
     "key-cache-ttl-not-a-number": (
         _store,
         ["history", "owed-1"],
