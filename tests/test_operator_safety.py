@@ -127,16 +127,9 @@ def test_commands_leave_a_file_that_is_not_a_store_untouched(
 # -- read-only copies ------------------------------------------------------------------------
 
 
-@pytest.fixture
-def read_only_copy(tmp_path: Path) -> Iterator[Path]:
-    """A store copied into a folder user ``nobody`` may read but not write, with one event
-    the views lack. The copy's master key belongs to nobody (0600), as an operator's would."""
-    source = tmp_path / "source"
-    source.mkdir()
-    db = make_store(source / "ledger.db", "owed-1", "owed-2")
-    ledger = DeliveryLedger.open(db, owner=owner(4_200_002))
-    record(ledger, "owed-3")  # after the views' last catch-up: they lag by one event
-    ledger.close()
+def read_only_copy_of(source: Path) -> Path:
+    """The folder copied where user ``nobody`` may read but not write; the copy's master
+    key belongs to nobody (0600), as an operator's own copy would."""
     outer = Path(tempfile.mkdtemp(prefix="gateway-ledger-ro-"))  # outside root's 0700 tmp
     outer.chmod(0o755)
     copy = outer / "copy"
@@ -147,9 +140,42 @@ def read_only_copy(tmp_path: Path) -> Iterator[Path]:
     os.chown(key, 65534, 65534)
     key.chmod(0o600)
     copy.chmod(0o555)
-    yield copy / "ledger.db"
-    copy.chmod(0o755)
-    shutil.rmtree(outer)
+    return copy / "ledger.db"
+
+
+@pytest.fixture
+def read_only_copy(tmp_path: Path) -> Iterator[Path]:
+    """A read-only copy of a store with one event its views lack."""
+    source = tmp_path / "source"
+    source.mkdir()
+    db = make_store(source / "ledger.db", "owed-1", "owed-2")
+    ledger = DeliveryLedger.open(db, owner=owner(4_200_002))
+    record(ledger, "owed-3")  # after the views' last catch-up: they lag by one event
+    ledger.close()
+    copy = read_only_copy_of(source)
+    yield copy
+    copy.parent.chmod(0o755)
+    shutil.rmtree(copy.parent.parent)
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv")
+def test_a_view_a_read_only_store_never_had_is_one_line_and_history_still_works(
+    tmp_path: Path,
+) -> None:
+    source = tmp_path / "source"
+    source.mkdir()
+    ledger = DeliveryLedger.open(source / "ledger.db", owner=owner(4_200_004))
+    record(ledger, "owed-1")  # a gateway's store: no one ever ran status on it
+    ledger.close()
+    copy = read_only_copy_of(source)
+    try:
+        line = one_line_exit_2(run("status", "--db", str(copy), as_nobody=True, cwd=Path("/")))
+        assert "never built" in line
+        history = run("history", "owed-1", "--db", str(copy), as_nobody=True, cwd=Path("/"))
+        assert history.returncode == 0, history.stderr
+    finally:
+        copy.parent.chmod(0o755)
+        shutil.rmtree(copy.parent.parent)
 
 
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv")
