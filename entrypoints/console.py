@@ -16,7 +16,6 @@ from typing import Any
 import orjson
 
 from gateway_ledger.application.ledger import DeliveryLedger
-from gateway_ledger.infrastructure.store import existing_store_environment
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
@@ -34,13 +33,6 @@ def add_common(parser: argparse.ArgumentParser, *, json: bool = True) -> None:
     add_db_option(parser)
     if json:
         parser.add_argument("--json", action="store_true", help="print JSON (stable field names)")
-
-
-def require_store(location: str) -> str:
-    """Refuse anything but an existing gateway-ledger store (missing, a directory, another
-    application's file, an unreachable server), changing nothing; returns ``location``."""
-    existing_store_environment(location)
-    return location
 
 
 def open_ledger(location: str, *, writing: bool = False) -> DeliveryLedger:
