@@ -58,7 +58,13 @@ from gateway_ledger.infrastructure.installation import resolve_installation_id
 from gateway_ledger.infrastructure.leases import Heartbeat, LeaseSettings, LeaseTable
 from gateway_ledger.infrastructure.private_mapper import ENCRYPT_ENV, PrivateEvents
 from gateway_ledger.infrastructure.process_identity import current_owner
-from gateway_ledger.infrastructure.store import is_concurrent_ddl, opening, store_environment
+from gateway_ledger.infrastructure.store import (
+    is_concurrent_ddl,
+    is_read_only,
+    opening,
+    store_environment,
+    store_path,
+)
 from gateway_ledger.infrastructure.transcoder import AttrsTranscoding, OrjsonTranscoder
 from gateway_ledger.projections.obligation_index import IndexEntry, ObligationIndex
 from gateway_ledger.projections.recoverable import RecoverableObligations
@@ -117,8 +123,11 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
                 if attempt == 4 or not is_concurrent_ddl(e):
                     raise
                 time.sleep(0.05 * (attempt + 1))
-        sqlite_path = self.env.get("SQLITE_DBNAME")
-        self.owner = owner or current_owner(resolve_installation_id(sqlite_path))
+        sqlite_path = store_path(self.env)
+        self.read_only = is_read_only(self.env)
+        self.owner = owner or current_owner(
+            resolve_installation_id(sqlite_path, persist=not self.read_only)
+        )
         self.policy = policy or LedgerPolicy()
         self.clock = clock
         self.location = str(sqlite_path or self.env.get("POSTGRES_DBNAME") or "")
@@ -130,7 +139,8 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
         self.leases: LeaseTable | None = None
         self.heartbeat: Heartbeat | None = None
         is_postgres = self.env.get("PERSISTENCE_MODULE") == "eventsourcing.postgres"
-        if self.lease_settings.wanted(is_postgres) and (is_postgres or sqlite_path):
+        wanted = self.lease_settings.wanted(is_postgres) and not self.read_only
+        if wanted and (is_postgres or sqlite_path):
             self.leases = LeaseTable.of(self)
             self.heartbeat = Heartbeat(self.leases, self.owner, self.lease_settings).start()
             weakref.finalize(self, self.heartbeat.signal_stop)  # a ledger never closed
@@ -145,11 +155,18 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
         clock: Clock = system_clock,
         encrypt: bool | None = None,
         lease: LeaseSettings | None = None,
+        existing: bool = False,
+        writing: bool = False,
     ) -> DeliveryLedger:
-        """Open (creating if needed) the store at a file path or a postgresql:// URL."""
+        """Open (creating if needed) the store at a file path or a postgresql:// URL.
+
+        ``existing=True`` (the operators' commands) opens only a gateway-ledger store
+        that is there, read-only if this process cannot write it unless ``writing``.
+        """
+        env = store_environment(location, existing=True, writing=writing) if existing else None
         with opening(location):
             return cls(
-                store_environment(location),
+                env or store_environment(location),
                 owner=owner,
                 policy=policy,
                 clock=clock,

@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 from eventsourcing.application import AggregateNotFoundError, Application
-from eventsourcing.persistence import Transcoder
+from eventsourcing.persistence import PersistenceError, Transcoder
 from eventsourcing.utils import get_topic
 
 from gateway_ledger.application.sessions import (
@@ -41,15 +41,19 @@ class _Peek(Application[Any]):
 
 
 def open_session_store(location: str | Path) -> SessionStore | None:
-    """The store's SessionStore, opened the way it was created; None if it has no sessions."""
-    peek = _Peek(env=store_environment(location))
+    """The store's SessionStore, opened the way it was created; None if it has no sessions.
+
+    Only an existing gateway-ledger store is opened, read-only when this process may not
+    write it (``store_environment(existing=True)``)."""
+    peek = _Peek(env={**store_environment(location, existing=True), "CREATE_TABLE": "n"})
     try:
         keying: Any = peek.repository.get(SessionKeying.create_id())
-    except AggregateNotFoundError:
-        return None
+    except (AggregateNotFoundError, PersistenceError):
+        return None  # no session in this store (on PostgreSQL: not even the sessions' table)
     finally:
         peek.close()
-    return SessionStore.open(location, raw_keys=str(keying.mode).startswith(RAW_KEYS_MODE))
+    raw_keys = str(keying.mode).startswith(RAW_KEYS_MODE)
+    return SessionStore.open(location, raw_keys=raw_keys, existing=True)
 
 
 @attrs.frozen

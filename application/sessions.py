@@ -181,18 +181,24 @@ class SessionStore(PrivateEvents, Application[UUID]):
         *,
         raw_keys: bool = False,
         secret_dir: str | Path | None = None,
+        existing: bool = False,
         **options: Any,
     ) -> SessionStore:
         """Open (creating if needed) the store at a file path or a postgresql:// URL.
 
         Keys are hashed with this installation's secret (created on first use, 0600) unless
         ``raw_keys=True``: upstream's raw keys, for migrating an existing installation.
+        ``existing=True`` (the operators' commands) opens only a gateway-ledger store that
+        is there, read-only if this process cannot write it.
         """
+        env = store_environment(location, existing=True) if existing else None
         hasher = None
         if not raw_keys:
             hasher = KeyedHasher(load_or_create_secret(secret_path(location, secret_dir)))
         with opening(location):
-            return cls(store_environment(location), hasher=hasher, raw_keys=raw_keys, **options)
+            return cls(
+                env or store_environment(location), hasher=hasher, raw_keys=raw_keys, **options
+            )
 
     # -- erasure (the session half of ``privacy.forget_session``) ------------------------------
 

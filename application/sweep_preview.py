@@ -1,7 +1,12 @@
-"""What a boot sweep would do right now, without doing it (``sweep --dry-run``).
+"""What a boot sweep would do right now, without doing it (``gateway-ledger sweep``), and
+the one part of it an operator's process may do: abandon what is stale or exhausted.
 
-It is the real sweep (same candidates, same liveness answers, same aggregate decisions)
-with its commit step replaced by a note: nothing is appended, no claim is spent.
+The preview is the real sweep (same candidates, same liveness answers, same aggregate
+decisions) with its commit step replaced by a note: nothing is appended, no claim is
+spent. A process with no platform adapters must never claim (a claim it cannot send
+spends a recovery attempt, and a few cron runs would abandon a never-sent reply as
+``max_attempts``), so :func:`abandon_stale` saves the sweep's abandon decisions only and
+leaves every claim to a gateway (ADR 0029).
 """
 
 from __future__ import annotations
@@ -87,3 +92,80 @@ def preview_sweep(
     sweep = _PreviewSweep(ledger, moment, deliverable_platforms, liveness or LocalLiveness())
     result, _ = sweep.run()
     return SweepPreview(result=result, actions=tuple(sweep.actions))
+
+
+@attrs.frozen
+class AbandonReport:
+    """What ``sweep --abandon-stale`` appended (abandons only) and left to the gateways."""
+
+    result: SweepResult
+    abandoned: tuple[PlannedAction, ...]
+    left_for_gateways: tuple[PlannedAction, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "dry_run": False,
+            "result": attrs.asdict(self.result),
+            "abandoned": [a.to_dict() for a in self.abandoned],
+            "left_for_gateways": [a.to_dict() for a in self.left_for_gateways],
+        }
+
+
+class _AbandonOnlySweep(RecoverySweep):
+    """The real sweep whose claim decisions are noted and dropped, never saved: only
+    abandons (stale, over ``max_attempts``) are appended, on the record, by this owner."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.left: dict[str, PlannedAction] = {}
+        self.abandoned_actions: list[PlannedAction] = []
+
+    def decide(self, obligation_id: str, seen_owner: Any, loaded: Any = None) -> Any:
+        decision = super().decide(obligation_id, seen_owner, loaded)
+        if decision is None or decision.abandon_reason is not None:
+            return decision
+        ob = decision.obligation  # claimed in memory only: dropped here, never saved
+        self.left[ob.obligation_id] = PlannedAction(
+            obligation_id=ob.obligation_id,
+            platform=ob.platform,
+            action="claim",
+            reason=None,
+            needs_marker=decision.needs_marker,
+            recovery_attempt=ob.recovery_attempts,
+        )
+        return None
+
+    def done(self, d: _Decision) -> None:
+        super().done(d)
+        ob = d.obligation
+        self.left.pop(ob.obligation_id, None)
+        self.abandoned_actions.append(
+            PlannedAction(
+                obligation_id=ob.obligation_id,
+                platform=ob.platform,
+                action="abandon",
+                reason=d.abandon_reason.value if d.abandon_reason else None,
+                needs_marker=d.needs_marker,
+                recovery_attempt=ob.recovery_attempts,
+            )
+        )
+
+
+def abandon_stale(
+    ledger: DeliveryLedger,
+    now: datetime | None = None,
+    *,
+    deliverable_platforms: Collection[str] | None = None,
+    liveness: LivenessPolicy | None = None,
+) -> AbandonReport:
+    """Abandon the orphans the sweep would abandon (stale, or over ``max_attempts``) and
+    claim nothing: what a gateway's sweep would claim is listed, left for it to send."""
+    moment = require_aware("now", now if now is not None else ledger.clock())
+    sweep = _AbandonOnlySweep(ledger, moment, deliverable_platforms, liveness or LocalLiveness())
+    result, won = sweep.run()
+    assert not won, "an abandon-only sweep never claims"
+    return AbandonReport(
+        result=result,
+        abandoned=tuple(sweep.abandoned_actions),
+        left_for_gateways=tuple(sweep.left.values()),
+    )

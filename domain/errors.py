@@ -57,3 +57,12 @@ class UnsafeSecretFile(InvalidInput):
 class MasterKeyMissing(LedgerError):
     """The store holds data sealed under a master key that is nowhere to be found: a new
     key could not open it, so none is made and nothing is written."""
+
+
+class NotAStore(LedgerError):
+    """A command that works on an existing store was given something else: a missing
+    path, a directory, another application's file, or a store it cannot reach."""
+
+
+class ReadOnlyStore(LedgerError):
+    """A command that appends was given a store this process may only read."""

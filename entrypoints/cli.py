@@ -11,9 +11,12 @@ import argparse
 import importlib
 import logging
 import os
+import sqlite3
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
+import psycopg
 from eventsourcing.persistence import PersistenceError
 
 from gateway_ledger.domain.errors import LedgerError
@@ -42,6 +45,48 @@ class UsageError(Exception):
     """A command was called wrongly: exit 2 with one line on stderr."""
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, but a wrong call is one line on stderr (exit 2), like every other failure."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see --help)\n")
+
+
+EXPECTED_FAILURES: tuple[type[BaseException], ...] = (
+    UsageError,
+    LedgerError,
+    PersistenceError,
+    OSError,
+    ValueError,  # UnicodeError and malformed settings among them
+    OverflowError,
+    sqlite3.Error,
+    psycopg.Error,
+)
+"""Failures an operator can cause or meet (bad input, settings, files, servers): one line."""
+
+
+def failure_line(error: BaseException) -> str:
+    """The one line printed for a failure: the message of a ledger or usage error as it is,
+    anything else prefixed with its kind; never a body (errors carry ids and counts)."""
+    if isinstance(error, UsageError | LedgerError):
+        text = str(error)
+    else:
+        kind = "store error: " if isinstance(error, PersistenceError | sqlite3.Error) else ""
+        text = f"{kind}{type(error).__name__}: {error}"
+    first = (text.strip().splitlines() or [type(error).__name__])[0]
+    return f"gateway-ledger: {first}"
+
+
+def invalid_argument(argv: Sequence[str]) -> str | None:
+    """An argument that is not valid UTF-8 (Python hands it over with lone surrogates)."""
+    for position, arg in enumerate(argv, start=1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            return f"argument {position} is not valid UTF-8"
+    return None
+
+
 def add_db_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--db",
@@ -51,7 +96,7 @@ def add_db_option(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="gateway-ledger",
         description="Event-sourced session and delivery ledger for chat-agent gateways.",
     )
@@ -71,8 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    invalid = invalid_argument(arguments)
+    if invalid is not None:
+        print(f"gateway-ledger: {invalid}", file=sys.stderr)
+        return 2
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(arguments)
     if args.global_db is not None and hasattr(args, "db"):
         args.db = args.global_db  # `gateway-ledger --db X status` means the same as `status --db X`
     logging.basicConfig(
@@ -81,18 +131,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return int(args.handler(args) or 0)
-    except UsageError as e:
-        print(f"gateway-ledger: {e}", file=sys.stderr)
-        return 2
-    except LedgerError as e:
-        print(f"gateway-ledger: {e}", file=sys.stderr)
-        return 2
     except BrokenPipeError:
         return 0
-    except (PersistenceError, OSError) as e:
-        print(
-            f"gateway-ledger: store error: {type(e).__name__}: {e}".splitlines()[0], file=sys.stderr
-        )
+    except EXPECTED_FAILURES as e:
+        print(failure_line(e), file=sys.stderr)
+        return 2
+    except Exception as e:  # the last line of defence: still one line, the rest with -v
+        logging.getLogger("gateway_ledger.cli").info("unexpected failure", exc_info=True)
+        print(f"{failure_line(e)} (unexpected; run with -v for details)", file=sys.stderr)
         return 2
 
 

@@ -16,7 +16,6 @@ from typing import Any
 import orjson
 
 from gateway_ledger.application.ledger import DeliveryLedger
-from gateway_ledger.infrastructure.store import is_postgres_url
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
@@ -36,17 +35,10 @@ def add_common(parser: argparse.ArgumentParser, *, json: bool = True) -> None:
         parser.add_argument("--json", action="store_true", help="print JSON (stable field names)")
 
 
-def require_store(location: str) -> str:
-    """Refuse to create a store by accident: read commands need an existing one."""
-    from pathlib import Path
-
-    if not is_postgres_url(location) and not Path(location).is_file():
-        raise usage_error(f"no store at {location} (give --db PATH or set GATEWAY_LEDGER_DB)")
-    return location
-
-
-def open_ledger(location: str) -> DeliveryLedger:
-    return DeliveryLedger.open(require_store(location))
+def open_ledger(location: str, *, writing: bool = False) -> DeliveryLedger:
+    """The ledger of an existing store: read-only when this process may not write it,
+    unless the command appends (``writing``), which is then refused."""
+    return DeliveryLedger.open(location, existing=True, writing=writing)
 
 
 def parse_moment(text: str, *, name: str) -> datetime:
@@ -54,7 +46,10 @@ def parse_moment(text: str, *, name: str) -> datetime:
     match = _RELATIVE.match(text.strip())
     if match:
         amount, unit = float(match.group(1)), _UNITS[match.group(2)]
-        return datetime.now(UTC) - timedelta(**{unit: amount})
+        try:
+            return datetime.now(UTC) - timedelta(**{unit: amount})
+        except OverflowError:
+            raise usage_error(f"{name}: {text!r} reaches before the year 1") from None
     try:
         moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:

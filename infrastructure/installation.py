@@ -38,12 +38,13 @@ def installation_file(sqlite_path: str | None, env: Mapping[str, str] = os.envir
 
 
 def resolve_installation_id(
-    sqlite_path: str | None = None, env: Mapping[str, str] = os.environ
+    sqlite_path: str | None = None, env: Mapping[str, str] = os.environ, *, persist: bool = True
 ) -> str:
     """The configured id, else the persisted one, else a new one persisted now.
 
     Never fails: when the file cannot be written the id is still returned (and logged),
-    it just will not survive a restart.
+    it just will not survive a restart. ``persist=False`` (a store opened read-only)
+    writes nothing: a process that appends no event needs no lasting id.
     """
     configured = env.get(INSTALLATION_ENV, "").strip()
     if configured:
@@ -56,6 +57,8 @@ def resolve_installation_id(
     except OSError:
         pass
     new_id = uuid.uuid4().hex
+    if not persist:
+        return new_id
     temp = path.with_name(f".{path.name}.{os.getpid()}.{new_id[:8]}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

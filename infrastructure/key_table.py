@@ -91,14 +91,19 @@ class SQLiteKeyTable(_OwnConnection):
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
+            read_only = self.db_path.startswith("file:")  # store_environment's read-only URI
             conn = sqlite3.connect(
                 self.db_path,
                 timeout=self.busy_timeout,
                 isolation_level=None,
                 check_same_thread=False,
+                uri=read_only,
             )
             conn.execute("PRAGMA secure_delete=ON")
             conn.execute("PRAGMA synchronous=NORMAL")
+            if read_only:
+                self._conn = conn  # the tables are there or the reads say so
+                return conn
             conn.execute(
                 f"CREATE TABLE IF NOT EXISTS {KEYS_TABLE} (subject_id TEXT PRIMARY KEY, "
                 "key_id TEXT NOT NULL, wrapped BLOB NOT NULL, created_at TEXT NOT NULL) "
@@ -135,6 +140,9 @@ class SQLiteKeyTable(_OwnConnection):
         return str(rows[0][0]) if rows else None
 
     def put_meta_once(self, name: str, value: str) -> str:
+        stored = self.get_meta(name)  # read first: a store opened read-only has it already
+        if stored is not None:
+            return stored
         self._write([(f"INSERT OR IGNORE INTO {META_TABLE} VALUES (?, ?)", (name, value))])
         stored = self.get_meta(name)
         assert stored is not None

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import math
 import os
 import threading
 import time
@@ -30,7 +31,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from eventsourcing.persistence import OperationalError
 
-from gateway_ledger.domain.errors import LedgerError
+from gateway_ledger.domain.errors import InvalidInput, LedgerError
 from gateway_ledger.infrastructure.key_table import KeyRaceLost, KeyTable
 from gateway_ledger.infrastructure.master_key import derive, load_master_key, read_master_key
 from gateway_ledger.infrastructure.randomness import shared_pool
@@ -67,6 +68,20 @@ class StagedKeys:
         self.rows: list[NewKeyRow] = []
 
 
+def cache_ttl_from_env() -> float:
+    """``GATEWAY_LEDGER_KEY_CACHE_TTL`` in seconds; a malformed value is refused by name."""
+    raw = os.environ.get(CACHE_TTL_ENV, "").strip()
+    if not raw:
+        return float(DEFAULT_CACHE_TTL)
+    try:
+        ttl = float(raw)
+    except ValueError:
+        raise InvalidInput(f"{CACHE_TTL_ENV}={raw!r} is not a number of seconds") from None
+    if not math.isfinite(ttl) or ttl < 0:
+        raise InvalidInput(f"{CACHE_TTL_ENV}={raw!r} must be a finite number of seconds >= 0")
+    return ttl
+
+
 class KeyRing:
     """Finds, creates and destroys subject data keys in one store's key table."""
 
@@ -85,11 +100,7 @@ class KeyRing:
         self._master: bytes | None = None
         self.location = location
         self.key_file = key_file
-        ttl = (
-            cache_ttl
-            if cache_ttl is not None
-            else float(os.environ.get(CACHE_TTL_ENV, DEFAULT_CACHE_TTL))
-        )
+        ttl = cache_ttl if cache_ttl is not None else cache_ttl_from_env()
         self.cache_size = cache_size
         self.ttl = ttl
         # subject_id -> (expires, key_id, AESGCM): read on every sealed event, so a plain

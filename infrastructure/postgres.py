@@ -17,7 +17,7 @@ from eventsourcing.persistence import StoredEvent
 from eventsourcing.postgres import PostgresApplicationRecorder
 from psycopg import sql
 
-from gateway_ledger.domain.errors import InvalidInput
+from gateway_ledger.domain.errors import InvalidInput, NotAStore
 from gateway_ledger.infrastructure.key_table import KEYS_TABLE, KeyRaceLost
 from gateway_ledger.infrastructure.keyed_recorder import KeyStaging
 
@@ -33,9 +33,13 @@ def parse_postgres_url(url: str) -> dict[str, str]:
     if not _SCHEMA_RE.match(schema):
         raise InvalidInput(f"invalid schema name {schema!r}")
     dbname = unquote(parsed.path.lstrip("/")) or "postgres"
+    try:
+        port = parsed.port or 5432
+    except ValueError:
+        raise InvalidInput(f"invalid port in the PostgreSQL URL (host {parsed.hostname})") from None
     return {
         "host": parsed.hostname or "127.0.0.1",
-        "port": str(parsed.port or 5432),
+        "port": str(port),
         "user": unquote(parsed.username or "postgres"),
         "password": unquote(parsed.password or ""),
         "dbname": dbname,
@@ -54,6 +58,32 @@ def connect(params: dict[str, str]) -> psycopg.Connection:
         autocommit=True,
         connect_timeout=5,
     )
+
+
+STORE_TABLES = ("gateway_ledger_events", "gateway_sessions_events")
+"""The library's events tables of the ledger and of the sessions: a schema holding
+either is a gateway-ledger store."""
+
+
+def require_postgres_store(url: str) -> None:
+    """Refuse, creating nothing (not even the schema), a database or schema without a
+    gateway-ledger store, and a server that does not answer: one line, no password."""
+    params = parse_postgres_url(url)
+    where = f"{params['host']}:{params['port']}/{params['dbname']}"
+    names = [f'"{params["schema"]}"."{table}"' for table in STORE_TABLES]
+    try:
+        with connect(params) as conn:
+            row = conn.execute(
+                "SELECT " + ", ".join(["to_regclass(%s)"] * len(names)), names
+            ).fetchone()
+    except psycopg.Error as e:
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise NotAStore(f"cannot open the PostgreSQL store at {where}: {reason}") from None
+    if row is None or not any(row):
+        raise NotAStore(
+            f"no gateway-ledger store in schema {params['schema']} of {where} "
+            "(not a gateway-ledger store)"
+        )
 
 
 def ensure_schema(params: dict[str, str]) -> None:

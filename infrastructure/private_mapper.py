@@ -46,6 +46,7 @@ from gateway_ledger.infrastructure.key_table import key_table_for
 from gateway_ledger.infrastructure.keyed_recorder import KeyedSQLiteApplicationRecorder, KeyStaging
 from gateway_ledger.infrastructure.keyring import KeyRing, StagedKeys
 from gateway_ledger.infrastructure.randomness import shared_pool
+from gateway_ledger.infrastructure.store import store_path
 
 log = logging.getLogger("gateway_ledger.privacy")
 
@@ -536,7 +537,7 @@ class PrivateEvents:
         if env.get("PERSISTENCE_MODULE") == "eventsourcing.postgres":
             location = "postgresql://"
         else:
-            location = str(env.get("SQLITE_DBNAME") or "")
+            location = str(store_path(env) or "")
         keyring = KeyRing(
             lambda: key_table_for(self.recorder),
             location,

@@ -24,8 +24,10 @@ from typing import Any, Protocol
 from eventsourcing.application import Application
 from eventsourcing.persistence import IntegrityError, Notification
 
+from gateway_ledger.domain.errors import LedgerError
 from gateway_ledger.infrastructure.bulk_events import to_domain_events
 from gateway_ledger.infrastructure.sql_dialect import Cursor, SqlDialect, dialect_for
+from gateway_ledger.infrastructure.store import is_read_only
 
 log = logging.getLogger("gateway_ledger.projections")
 
@@ -60,6 +62,9 @@ class ProjectionRunner:
         self.projection = projection
         self.dialect = dialect_for(app.recorder)
         self.tracking_table = self.dialect.table(f"{projection.name}_tracking")
+        # A store opened read-only (a copy, another user's store) is read as it is: the
+        # view answers from its tracked position and reports its lag, nothing is written.
+        self.read_only = is_read_only(app.env)
         self._ready = False
 
     # -- tables -----------------------------------------------------------------------------
@@ -69,6 +74,10 @@ class ProjectionRunner:
         if self._ready:
             return
         d = self.dialect
+        if self.read_only:
+            self._require_tables()
+            self._ready = True
+            return
         for attempt in range(3):
             try:
                 self._create_tables(d)
@@ -78,6 +87,20 @@ class ProjectionRunner:
                 if attempt == 2:
                     raise
         self._ready = True
+
+    def _require_tables(self) -> None:
+        """A store opened read-only is read as it is; a view it never had cannot be built."""
+        with self.dialect.read_cursor() as c:
+            c.execute(
+                "SELECT COUNT(*) AS n FROM sqlite_master WHERE type = 'table' AND name = ?",
+                (self.tracking_table,),
+            )
+            if int(c.fetchone()["n"]):
+                return
+        raise LedgerError(
+            f"the {self.projection.name} view was never built in this store, which this "
+            "process may only read (history and audit work; a writable copy builds it)"
+        )
 
     def _create_tables(self, d: SqlDialect) -> None:
         with d.write_transaction() as c:
@@ -123,8 +146,11 @@ class ProjectionRunner:
     def catch_up(
         self, *, batch_size: int = DEFAULT_BATCH_SIZE, max_batches: int | None = None
     ) -> int:
-        """Apply every notification after the tracked position; returns how many applied."""
+        """Apply every notification after the tracked position; returns how many applied
+        (none on a store opened read-only: its lag is reported instead)."""
         self.ensure_tables()
+        if self.read_only:
+            return 0
         started = time.perf_counter()
         applied = 0
         batches = 0

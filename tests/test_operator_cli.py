@@ -188,8 +188,12 @@ def test_retry_makes_a_stuck_obligation_claimable_and_abandon_stops_it(store: Pa
     assert run_json("projections", "status", db=store)["log_position"] == before
     run("abandon", "stuck-2", "--reason", "customer asked us to stop", db=store)
     assert run_json("history", "stuck-2", db=store)["status"]["abandon_reason"] == "operator"
+    # A plain sweep previews (the CLI cannot send what it would claim); the claim is a
+    # gateway's to make, and nothing was appended.
     swept = run_json("sweep", db=store)
-    assert "stuck-1" in {c["obligation_id"] for c in swept["claimed"]}
+    actions = {a["obligation_id"]: a["action"] for a in swept["actions"]}
+    assert actions["stuck-1"] == "claim" and "stuck-2" not in actions  # abandoned meanwhile
+    assert run_json("projections", "status", db=store)["log_position"] == before + 1
 
 
 def test_audit_finds_no_problem_in_a_clean_simulate_run(sim_dir: Path) -> None:

@@ -22,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    ledger = open_ledger(args.db)
+    ledger = open_ledger(args.db, writing=True)
     ledger.abandon(args.obligation_id, AbandonReason.OPERATOR, detail=args.reason)
     if args.json:
         print_json(

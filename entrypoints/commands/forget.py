@@ -14,6 +14,8 @@ import json
 import os
 
 from gateway_ledger.application.privacy import forget_session
+from gateway_ledger.entrypoints.console import usage_error
+from gateway_ledger.infrastructure.store import existing_store_environment
 
 
 def _sessions_subparsers(
@@ -54,11 +56,25 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
+    # Like every other command: an existing, writable gateway-ledger store, or nothing
+    # (a mistyped --db must not become a new, empty store that "erased" the subject).
+    existing_store_environment(args.db, writing=True)
+    if args.sessions_db is not None:
+        existing_store_environment(args.sessions_db, writing=True)
     report = forget_session(
         args.db, args.session_key, requested_by=args.by, sessions=args.sessions_db
     )
+    found = report.destroyed_keys or report.abandoned or report.sessions
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
+    if not found:
+        # Recorded (the request is on the record) but nothing matched: a mistyped key
+        # must not read as a successful erasure.
+        raise usage_error(
+            f"nothing found to erase for that session key in {args.db} (no data key, "
+            f"reply or session; erasure {report.erasure_id} recorded): check the key"
+        )
+    if args.json:
         return 0
     print(
         f"subject {report.subject_id} erased at {report.erased_at.isoformat()}: "

@@ -79,7 +79,7 @@ def run_status(args: argparse.Namespace) -> int:
 
 
 def run_rebuild(args: argparse.Namespace) -> int:
-    ledger = open_ledger(args.db)
+    ledger = open_ledger(args.db, writing=True)
     names = [args.name] if args.name else list(PROJECTION_NAMES)
     reports = []
     for name in names:
@@ -102,7 +102,7 @@ def run_rebuild(args: argparse.Namespace) -> int:
 
 
 def run_follow(args: argparse.Namespace) -> int:
-    ledger = open_ledger(args.db)
+    ledger = open_ledger(args.db, writing=True)
     try:
         follower = ViewFollower(ledger, interval=args.interval)
     except LedgerError:

@@ -25,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    status = open_ledger(args.db).retry(args.obligation_id, args.by)
+    status = open_ledger(args.db, writing=True).retry(args.obligation_id, args.by)
     if args.json:
         print_json(
             {

@@ -12,7 +12,6 @@ from gateway_ledger.application.session_admin import list_sessions, open_session
 from gateway_ledger.entrypoints.console import (
     add_common,
     print_json,
-    require_store,
     table,
     usage_error,
 )
@@ -37,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _store(location: str):  # type: ignore[no-untyped-def]
-    return open_session_store(require_store(location))
+    return open_session_store(location)  # an existing store only (store.py decides)
 
 
 def run_list(args: argparse.Namespace) -> int:

@@ -1,26 +1,40 @@
-"""``gateway-ledger sweep [--dry-run]``: what a boot sweep would claim, or claim it."""
+"""``gateway-ledger sweep [--abandon-stale]``: what a boot sweep would do; never a claim.
+
+The console script has no platform adapters, so it cannot send what it would claim: a
+claim made here would only spend one of the reply's recovery attempts (a few runs from
+cron would abandon a never-sent reply as ``max_attempts``). So a plain ``sweep`` is a
+preview, and ``--abandon-stale`` appends only the sweep's abandons (ADR 0029).
+"""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-import attrs
-
-from gateway_ledger.application.sweep_preview import preview_sweep
+from gateway_ledger.application.sweep_preview import abandon_stale, preview_sweep
 from gateway_ledger.entrypoints.console import add_common, open_ledger, print_json, table
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "sweep",
-        help="run (or, with --dry-run, preview) the recovery sweep",
-        description="Claims the unresolved obligations whose owner is dead and abandons the "
-        "stale or exhausted ones. Claims made here are owned by this short-lived process, "
-        "so a gateway's next sweep claims them again to send them (each claim counts "
-        "toward max_attempts): use --dry-run to look, and a real sweep mainly to abandon.",
+        help="preview the recovery sweep; --abandon-stale abandons what is stale or exhausted",
+        description="Shows what a gateway's recovery sweep would do now: claim the "
+        "unresolved obligations whose owner is dead, abandon the stale or exhausted ones. "
+        "Nothing is appended and no recovery attempt is spent: claiming stays with the "
+        "gateways, which can send what they claim. --abandon-stale appends the abandons "
+        "(reason stale or max_attempts, by this process) and still claims nothing.",
     )
-    parser.add_argument("--dry-run", action="store_true", help="decide, append nothing")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="the default; kept so existing scripts run unchanged",
+    )
+    parser.add_argument(
+        "--abandon-stale",
+        action="store_true",
+        help="abandon, on the record, the orphans that are stale or over max_attempts",
+    )
     parser.add_argument(
         "--platform",
         action="append",
@@ -31,11 +45,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(handler=run)
 
 
-def _counts(result: Any) -> list[list[Any]]:
+def _counts(result: Any, *, preview: bool) -> list[list[Any]]:
+    would = "would " if preview else ""
     return [
         ["candidates", result.candidates],
-        ["claimed", result.claimed],
-        ["abandoned", result.abandoned_total],
+        [f"{would}claim (left for a gateway)", result.claimed],
+        [f"{would}abandon" if preview else "abandoned", result.abandoned_total],
         ["skipped: owner alive", result.skipped_alive],
         ["skipped: platform offline", result.skipped_offline],
         ["lost races", result.lost_races],
@@ -44,38 +59,40 @@ def _counts(result: Any) -> list[list[Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    ledger = open_ledger(args.db)
-    if args.dry_run:
-        preview = preview_sweep(ledger, deliverable_platforms=args.platform)
-        if args.json:
-            print_json(preview.to_dict())
-            return 0
-        print("sweep --dry-run: nothing was appended")
-        rows = [
-            [a.obligation_id, a.platform, a.action, a.reason, a.needs_marker, a.recovery_attempt]
-            for a in preview.actions
-        ]
-        print(table(["obligation", "platform", "would", "reason", "marker", "attempt"], rows))
-        print()
-        print(table(["", "count"], _counts(preview.result)))
-        return 0
-    won = ledger.sweep_recoverable(deliverable_platforms=args.platform)
-    result = ledger.last_sweep
-    assert result is not None
+    if args.abandon_stale and args.dry_run:
+        from gateway_ledger.entrypoints.console import usage_error
+
+        raise usage_error("--abandon-stale appends; --dry-run appends nothing: choose one")
+    ledger = open_ledger(args.db, writing=args.abandon_stale)
+    if args.abandon_stale:
+        return _abandon(args, ledger)
+    preview = preview_sweep(ledger, deliverable_platforms=args.platform, liveness=ledger.liveness)
     if args.json:
-        print_json(
-            {
-                "dry_run": False,
-                "result": attrs.asdict(result),
-                "claimed": [
-                    {k: w[k] for k in ("obligation_id", "platform", "needs_marker", "attempts")}
-                    for w in won
-                ],
-            }
-        )
+        print_json(preview.to_dict())
         return 0
-    rows = [[w["obligation_id"], w["platform"], w["needs_marker"], w["attempts"]] for w in won]
-    print(table(["claimed", "platform", "marker", "attempt"], rows))
+    print("sweep (preview): nothing was appended; a gateway's own sweep claims and sends")
+    rows = [
+        [a.obligation_id, a.platform, a.action, a.reason, a.needs_marker, a.recovery_attempt]
+        for a in preview.actions
+    ]
+    print(table(["obligation", "platform", "would", "reason", "marker", "attempt"], rows))
     print()
-    print(table(["", "count"], _counts(result)))
+    print(table(["", "count"], _counts(preview.result, preview=True)))
+    return 0
+
+
+def _abandon(args: argparse.Namespace, ledger: Any) -> int:
+    report = abandon_stale(ledger, deliverable_platforms=args.platform, liveness=ledger.liveness)
+    if args.json:
+        print_json(report.to_dict())
+        return 0
+    rows = [[a.obligation_id, a.platform, a.reason] for a in report.abandoned]
+    print(table(["abandoned", "platform", "reason"], rows))
+    print()
+    left = [[a.obligation_id, a.platform, a.needs_marker] for a in report.left_for_gateways]
+    print(table(["left for a gateway", "platform", "marker"], left))
+    print()
+    counts = _counts(report.result, preview=False)
+    counts[1][1] = len(report.left_for_gateways)
+    print(table(["", "count"], counts))
     return 0
