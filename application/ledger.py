@@ -275,6 +275,15 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
             )
             raise ConflictingRecord(obligation.obligation_id, differences)
 
+    def check_writable(self) -> None:
+        """Raise unless this process can record: the master key opens the store's data keys
+        (``MasterKeyMismatch`` otherwise) and the store takes a write (rolled back).
+
+        Opening a store and reading it show neither: a gateway calls this at start, so a
+        wrong key or a read-only store is said once, loudly, not found reply by reply.
+        """
+        self.private_mapper.keyring.table.probe_write()
+
     def mark_attempting(self, obligation_id: str, *, guard: SendGuard | str | None = None) -> None:
         """A send starts. ``guard``: what it does against an unannounced duplicate
         (``none``, ``marker`` or ``idempotency_key``), for the audit (ADR 0026); the
