@@ -35,7 +35,7 @@ from gateway_ledger.application.ports import (
 )
 from gateway_ledger.application.recovery_port import RecoverySweep, ResumableSessions
 from gateway_ledger.application.scheduling import AsyncioScheduler, Scheduler
-from gateway_ledger.domain.errors import ConcurrentUpdate, LedgerError
+from gateway_ledger.domain.errors import ConcurrentUpdate, ConflictingRecord, LedgerError
 from gateway_ledger.domain.obligation import DeliveryObligation, compute_obligation_id
 from gateway_ledger.domain.values import (
     AbandonReason,
@@ -104,6 +104,12 @@ class StartReport:
     redelivered: int
     failed: int
     resumable_sessions: tuple[str, ...]
+    ledger_available: bool = True
+    """False when the start check found that nothing can be recorded (wrong or missing
+    master key, read-only store, ...): every reply goes out untracked, and recovery did
+    not run. Also logged at ERROR."""
+    ledger_problem: str | None = None
+    """What the start check hit (the error's class and first line), when unavailable."""
 
 
 @attrs.frozen
@@ -122,6 +128,9 @@ class GatewayStats:
     largest_group: int
     group_conflicts: int
     late_results: int = 0
+    untracked: int = 0
+    """Replies sent (or queued) without a durable obligation: the ledger refused or lost
+    their record (a ledger fault each), so no crash recovery covers them."""
 
 
 @attrs.define
@@ -136,6 +145,7 @@ class _Counters:
     retries_scheduled: int = 0
     rate_limit_waits: int = 0
     late_results: int = 0
+    untracked: int = 0
 
 
 @attrs.define
@@ -236,11 +246,13 @@ class Gateway:
             self.add_adapter(adapter)
             connected.append(adapter.platform)
         platforms = frozenset(self._adapters)
-        try:
-            claimed = await self.writer.call(self._run_sweep, platforms)
-        except Exception as e:
-            self._fault("-", "sweep", e)
-            claimed = []
+        problem = await self._check_ledger()
+        claimed: list[dict[str, Any]] = []
+        if problem is None:
+            try:
+                claimed = await self.writer.call(self._run_sweep, platforms)
+            except Exception as e:
+                self._fault("-", "sweep", e)
         outcomes = await asyncio.gather(*(self._recover(item) for item in claimed))
         redelivered = sum(1 for o in outcomes if o.status == "delivered")
         if self.sessions is not None:
@@ -269,7 +281,30 @@ class Gateway:
             redelivered=redelivered,
             failed=sum(1 for o in outcomes if o.status == "failed"),
             resumable_sessions=resumable,
+            ledger_available=problem is None,
+            ledger_problem=problem,
         )
+
+    async def _check_ledger(self) -> str | None:
+        """Can this gateway record at all? None if so, else what stops it (logged at ERROR).
+
+        A wrong or missing master key or a read-only store opens and reads fine; without
+        this check each reply would find it alone, as one more warning. The gateway still
+        starts and sends (a ledger fault never blocks a reply), but it does not sweep: a
+        claim it could not follow with a send would only spend a recovery attempt.
+        """
+        try:
+            await self.writer.call(self.ledger.check_writable)
+        except Exception as e:
+            self._counters.ledger_faults += 1
+            first_line = (str(e).strip().splitlines() or [""])[0][:200]
+            problem = f"{type(e).__name__}: {first_line}" if first_line else type(e).__name__
+            log.error(
+                "ledger unavailable (%s): every reply goes out untracked, and recovery did not run",
+                problem,
+            )
+            return problem
+        return None
 
     def _run_sweep(self, platforms: frozenset[str]) -> list[dict[str, Any]]:
         return list(self._sweep(self._now(), deliverable_platforms=platforms))
@@ -315,6 +350,7 @@ class Gateway:
             largest_group=w.largest_group,
             group_conflicts=w.conflicts,
             late_results=c.late_results,
+            untracked=c.untracked,
         )
 
     # -- the delivery path --------------------------------------------------------------------
@@ -363,15 +399,27 @@ class Gateway:
             if adapter is None:
                 return DeliveryOutcome(status="failed", obligation_id=oid, ledger_fault=True)
             return await self._send_untracked(oid, context, reply, inbound_message_id, adapter)
-        future, waiter = self.writer.submit_waiting(agg.collect_events(), label=oid)
+
+        def record_failed(error: BaseException) -> None:
+            self._record_failed(oid, waiter, error)
+
+        future, waiter = self.writer.submit_waiting(
+            agg.collect_events(), label=oid, on_error=record_failed
+        )
         fault = False
         try:
             await self._durable(waiter)
         except ConcurrentUpdate:
-            return await self._already_recorded(oid)
+            if await self._already_recorded(agg):
+                return DeliveryOutcome(status="already_recorded", obligation_id=oid)
+            if adapter is None:
+                return DeliveryOutcome(status="failed", obligation_id=oid, ledger_fault=True)
+            return await self._send_untracked(oid, context, reply, inbound_message_id, adapter)
         except Exception as e:
             self._fault(oid, "record", e)
             fault = True
+        if fault and future.done():
+            self._counters.untracked += 1  # its record failed: nothing will recover it
         if adapter is None:
             log.info("obligation %s queued: platform %s not connected", oid, context.platform)
             return DeliveryOutcome(status="queued", obligation_id=oid, ledger_fault=fault)
@@ -387,17 +435,35 @@ class Gateway:
         self._deadlines.watch(waiter)
         await waiter
 
-    async def _already_recorded(self, oid: str) -> DeliveryOutcome:
-        """Same session, inbound message and content: that reply is owed or done already."""
-        self._counters.already_recorded += 1
+    def _record_failed(self, oid: str, waiter: asyncio.Future[None], error: BaseException) -> None:
+        """On the loop: a reply's record write failed. Within the deadline ``deliver`` saw
+        it and counted it; after the deadline the reply went on as if tracked, so the
+        failure is counted here (a ledger fault, and an untracked reply unless the id was
+        recorded by another writer meanwhile)."""
+        if waiter.cancelled() or not waiter.done():
+            return
+        if not isinstance(waiter.exception(), TimeoutError):
+            return
+        self._fault(oid, "record after the deadline", error)
+        if not isinstance(error, ConcurrentUpdate):
+            self._counters.untracked += 1
+
+    async def _already_recorded(self, agg: DeliveryObligation) -> bool:
+        """The id is recorded already. True when it is the same record: that reply is owed
+        or done, and it is not sent again. False when it is another reply under the same
+        id (ConflictingRecord: a caller's bug): a ledger fault, and the caller sends this
+        reply untracked, since a ledger fault never keeps a reply from the user."""
+        oid = agg.obligation_id
         try:
-            status = await self.writer.call(self.ledger.get, oid)
-            state = status.state
+            await self.writer.call(self.ledger.check_same_record, agg)
+        except ConflictingRecord as e:
+            self._fault(oid, "record", e)
+            return False
         except Exception as e:
             self._fault(oid, "load", e)
-            state = "unknown"
-        log.info("obligation %s already recorded (%s): not sent again", oid, state)
-        return DeliveryOutcome(status="already_recorded", obligation_id=oid)
+        self._counters.already_recorded += 1
+        log.info("obligation %s already recorded: not sent again", oid)
+        return True
 
     async def _write(self, flight: _Flight, stage: str) -> bool:
         """Save the flight's pending events; False (and a counted fault) if they did not land."""
@@ -704,6 +770,7 @@ class Gateway:
         adapter: PlatformAdapter,
     ) -> DeliveryOutcome:
         """The ledger refused the reply: send it anyway, once, and say so."""
+        self._counters.untracked += 1
         target = DeliveryTarget(
             platform=context.platform,
             chat_id=context.chat_id,

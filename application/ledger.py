@@ -42,8 +42,18 @@ from gateway_ledger.application.recovery import (
     sweep_recoverable,
 )
 from gateway_ledger.application.views import HistoryEntry, ObligationStatus
-from gateway_ledger.domain.errors import ConcurrentUpdate, InvalidInput, NotFound
-from gateway_ledger.domain.obligation import DeliveryObligation, obligation_uuid
+from gateway_ledger.domain.errors import (
+    ConcurrentUpdate,
+    ConflictingRecord,
+    InvalidInput,
+    NotFound,
+)
+from gateway_ledger.domain.obligation import (
+    DeliveryObligation,
+    obligation_uuid,
+    record_differences,
+    require_obligation_id,
+)
 from gateway_ledger.domain.values import (
     AbandonReason,
     DeliveryTarget,
@@ -216,9 +226,11 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
         try:
             self.save(obligation)
         except IntegrityError:
-            # The id exists (recorded earlier, or by a concurrent writer): idempotent.
+            # The id exists (recorded earlier, or by a concurrent writer): the same record
+            # again is idempotent, another one under that id is refused.
             if obligation_uuid(obligation_id) not in self.repository:
                 raise
+            self.check_same_record(obligation)
             log.debug("obligation %s already recorded; nothing appended", obligation_id)
             return obligation_id
         log.debug("obligation %s recorded platform=%s", obligation_id, platform)
@@ -259,6 +271,35 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
             media=items,
             metadata=metadata,
         )
+
+    def check_same_record(self, obligation: DeliveryObligation) -> None:
+        """Raise ConflictingRecord when this id's stored record differs from ``obligation``.
+
+        Reads (and opens) only the stored ``Recorded`` event. When its personal fields can
+        no longer be opened (the session was forgotten), nothing can be compared and the
+        first record stands, as before erasure.
+        """
+        uuid = obligation_uuid(obligation.obligation_id)
+        recorded = list(self.events.get(uuid, lte=1))
+        if not recorded:
+            raise NotFound("obligation", obligation.obligation_id)
+        differences = record_differences(recorded[0], obligation)
+        if differences and not is_erased(self, uuid):
+            log.warning(
+                "obligation %s recorded again with another %s: refused",
+                obligation.obligation_id,
+                ", ".join(differences),
+            )
+            raise ConflictingRecord(obligation.obligation_id, differences)
+
+    def check_writable(self) -> None:
+        """Raise unless this process can record: the master key opens the store's data keys
+        (``MasterKeyMismatch`` otherwise) and the store takes a write (rolled back).
+
+        Opening a store and reading it show neither: a gateway calls this at start, so a
+        wrong key or a read-only store is said once, loudly, not found reply by reply.
+        """
+        self.private_mapper.keyring.table.probe_write()
 
     def mark_attempting(self, obligation_id: str, *, guard: SendGuard | str | None = None) -> None:
         """A send starts. ``guard``: what it does against an unannounced duplicate
@@ -435,9 +476,10 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
 
     @staticmethod
     def _uuid(obligation_id: str) -> UUID:
+        """Every lookup takes an id as a record does: refused (InvalidInput) the same way."""
         if not isinstance(obligation_id, str) or not obligation_id:
             raise InvalidInput("obligation_id must be a non-empty str")
-        return obligation_uuid(obligation_id)
+        return obligation_uuid(require_obligation_id(obligation_id))
 
     def _load(self, obligation_id: str) -> DeliveryObligation:
         try:

@@ -22,6 +22,7 @@ from gateway_ledger.domain.values import (
     AbandonReason,
     ObligationState,
     require_aware,
+    require_clear_text,
     require_text,
 )
 from gateway_ledger.projections.catalog import (
@@ -173,7 +174,7 @@ def list_obligations(
         params.append(state)
     if platform is not None:
         where.append("platform = ?")
-        params.append(require_text("platform", platform))
+        params.append(require_clear_text("platform", platform))
     if since is not None:
         where.append("recorded_at >= ?")
         params.append(to_micros(require_aware("since", since)))
@@ -238,7 +239,7 @@ def timeline(ledger: DeliveryLedger, obligation_id: str, at: datetime | None = N
 
 def request_retry(ledger: DeliveryLedger, obligation_id: str, by_operator: str) -> ObligationStatus:
     """Append ``RetryRequested``; refused (IllegalTransition) on a final obligation."""
-    require_text("by_operator", by_operator, allow_empty=True)
+    require_clear_text("by_operator", by_operator, allow_empty=True)
     obligation = ledger._load(obligation_id)
     obligation.request_retry(by=ledger.owner, now=ledger.clock(), requested_by=by_operator)
     ledger._save(obligation, "retry requested")

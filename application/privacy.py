@@ -26,7 +26,7 @@ from gateway_ledger.domain.obligation import DeliveryObligation
 from gateway_ledger.domain.session import Session
 from gateway_ledger.domain.session_route import SessionRoute
 from gateway_ledger.domain.session_source import PERSONAL_FIELDS
-from gateway_ledger.domain.values import AbandonReason, require_text
+from gateway_ledger.domain.values import AbandonReason, require_clear_text, require_text
 from gateway_ledger.infrastructure.private_mapper import (
     ERASED,
     PrivacyPolicy,
@@ -130,7 +130,7 @@ def forget_in_ledger(
     ``SubjectErased`` event in the ledger records it all.
     """
     require_text("session_key", session_key)
-    require_text("requested_by", requested_by, allow_empty=True)
+    require_clear_text("requested_by", requested_by, allow_empty=True)
     mapper = ledger.private_mapper
     subject = mapper.keyring.subject_id(session_key)
     session_ids = sessions.end_for_erasure(session_key) if sessions is not None else []

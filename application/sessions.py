@@ -59,7 +59,7 @@ from gateway_ledger.domain.session_route import (
     route_uuid,
 )
 from gateway_ledger.domain.session_source import SessionSource
-from gateway_ledger.domain.values import require_aware, require_text
+from gateway_ledger.domain.values import require_aware, require_clear_text, require_text
 from gateway_ledger.infrastructure.clock import Clock, system_clock
 from gateway_ledger.infrastructure.private_files import replace_private_file
 from gateway_ledger.infrastructure.private_mapper import ENCRYPT_ENV, PrivateEvents
@@ -509,9 +509,10 @@ class SessionStore(PrivateEvents, Application[UUID]):
             platform = platform.platform
         if chat_id is None:
             raise InvalidInput("seen() needs the chat: pass a SessionSource or chat_id=")
-        require_text("platform", platform)
+        require_clear_text("platform", platform)
         require_text("platform_message_id", platform_message_id)
-        chat_ref, message_ref = self._inbound_ids(str(chat_id), platform_message_id)
+        chat = require_text("chat_id", str(chat_id))
+        chat_ref, message_ref = self._inbound_ids(chat, platform_message_id)
         return inbound_uuid(platform, chat_ref, message_ref) in self.repository
 
     def history(self, session_id: str, last: int | None = None) -> list[TranscriptMessage]:

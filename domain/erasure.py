@@ -14,7 +14,7 @@ from uuid import UUID
 from eventsourcing.domain import Aggregate, event
 
 from gateway_ledger.domain.errors import InvalidInput
-from gateway_ledger.domain.values import OwnerIdentity, require_aware, require_text
+from gateway_ledger.domain.values import OwnerIdentity, require_aware, require_clear_text
 
 
 class Erasure(Aggregate):
@@ -41,10 +41,10 @@ class Erasure(Aggregate):
         now: datetime,
         sessions: Sequence[str] = (),
     ) -> Erasure:
-        require_text("subject_id", subject_id)
+        require_clear_text("subject_id", subject_id)
         if not isinstance(by, OwnerIdentity):
             raise InvalidInput("by must be an OwnerIdentity")
-        require_text("requested_by", requested_by, allow_empty=True)
+        require_clear_text("requested_by", requested_by, allow_empty=True)
         require_aware("now", now)
         if not isinstance(erasure_id, UUID):
             raise InvalidInput("erasure_id must be a UUID")
@@ -54,9 +54,9 @@ class Erasure(Aggregate):
             subject_id=subject_id,
             by=by,
             requested_by=requested_by,
-            destroyed_keys=[require_text("key id", k) for k in destroyed_keys],
-            abandoned=[require_text("obligation id", o) for o in abandoned],
-            sessions=[require_text("session id", s) for s in sessions],
+            destroyed_keys=[require_clear_text("key id", k) for k in destroyed_keys],
+            abandoned=[require_clear_text("obligation id", o) for o in abandoned],
+            sessions=[require_clear_text("session id", s) for s in sessions],
             timestamp=now,
         )
 

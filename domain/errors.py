@@ -66,3 +66,19 @@ class NotAStore(LedgerError):
 
 class ReadOnlyStore(LedgerError):
     """A command that appends was given a store this process may only read."""
+
+
+class ConflictingRecord(LedgerError):
+    """An obligation id was recorded again with other content; nothing was appended.
+
+    The id is a hash of the turn and the reply, so this is a caller's bug (two replies
+    given one id), never a retry: the first record stands. Names the fields, not values.
+    """
+
+    def __init__(self, ident: str, fields: tuple[str, ...]):
+        self.ident = ident
+        self.fields = fields
+        super().__init__(
+            f"obligation {ident} is recorded already with another {', '.join(fields)}; "
+            "the first record stands and nothing was appended"
+        )

@@ -19,6 +19,7 @@ from eventsourcing.domain import Aggregate, event
 from gateway_ledger.domain.errors import IllegalTransition, InvalidInput
 from gateway_ledger.domain.values import (
     MAX_CONTENT_BYTES,
+    MAX_REASON_CHARS,
     UNRESOLVED_STATES,
     AbandonReason,
     DeliveryTarget,
@@ -31,7 +32,8 @@ from gateway_ledger.domain.values import (
     cut_error,
     receipt_ids,
     require_aware,
-    require_json_like,
+    require_clear_text,
+    require_metadata,
     require_text,
 )
 
@@ -61,11 +63,41 @@ def _event_class(aggregate: type, name: str) -> Any:
     return getattr(aggregate, name)
 
 
-def _validate_obligation_id(value: object) -> str:
-    text: str = require_text("obligation_id", value)
-    if len(text) > 200:
-        raise InvalidInput("obligation_id is longer than 200 characters")
-    return text
+MAX_OBLIGATION_ID_CHARS = 200
+"""Upstream's ids are 24 hex characters; an embedder's own ids get room, not a document."""
+
+
+def require_obligation_id(value: object) -> str:
+    """An obligation id as every command and every lookup takes it (kept in clear)."""
+    return require_clear_text("obligation_id", value, max_chars=MAX_OBLIGATION_ID_CHARS)
+
+
+RECORD_FIELDS = ("session_key", "target", "content", "parts", "media", "metadata")
+"""What a caller says when it records a reply; the owner and the time are the recorder's."""
+
+
+def record_differences(recorded: Any, candidate: Any) -> tuple[str, ...]:
+    """The fields of :data:`RECORD_FIELDS` in which two records of one id differ.
+
+    The id is a hash of the turn and the content, so the same id with other content is a
+    caller's bug (ConflictingRecord); the same record again is idempotent. Each argument
+    is anything with those attributes: an obligation, or its stored ``Recorded`` event.
+    """
+    return tuple(
+        name
+        for name in RECORD_FIELDS
+        if _comparable(getattr(recorded, name)) != _comparable(getattr(candidate, name))
+    )
+
+
+def _comparable(value: Any) -> Any:
+    """Sequences compare as lists: a record read back has lists where a caller gave tuples."""
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _operator_reason(detail: object) -> str:
+    """An operator who stops owing a reply says why, in a sentence (the history keeps it)."""
+    return require_clear_text("abandon reason", detail, max_chars=MAX_REASON_CHARS)
 
 
 class DeliveryObligation(Aggregate):
@@ -115,7 +147,7 @@ class DeliveryObligation(Aggregate):
         metadata: Mapping[str, Any] | None = None,
     ) -> DeliveryObligation:
         """Validate everything before the first event exists: bad input writes nothing."""
-        _validate_obligation_id(obligation_id)
+        require_obligation_id(obligation_id)
         require_text("session_key", session_key)
         if not isinstance(target, DeliveryTarget):
             raise InvalidInput("target must be a DeliveryTarget")
@@ -139,10 +171,7 @@ class DeliveryObligation(Aggregate):
         for item in media_list:
             if not isinstance(item, MediaItem):
                 raise InvalidInput("media must hold MediaItem values")
-        if metadata is not None and not isinstance(metadata, Mapping):
-            raise InvalidInput(f"metadata must be a mapping, not {type(metadata).__name__}")
-        meta = dict(metadata or {})
-        require_json_like("metadata", meta)
+        meta = require_metadata("metadata", metadata)
         # ``_create`` with the event class is what ``cls(...)`` does after mapping its
         # arguments to keywords, which they already are (ADR 0015: hot path).
         recorded: Any = cls._create(
@@ -497,7 +526,7 @@ class DeliveryObligation(Aggregate):
         """
         require_aware("now", now)
         self._require_state("retry requested", *UNRESOLVED_STATES)
-        require_text("requested_by", requested_by, allow_empty=True)
+        require_clear_text("requested_by", requested_by, allow_empty=True)
         self._retry_requested(
             by=by,
             previous_owner=self.owner,
@@ -536,9 +565,13 @@ class DeliveryObligation(Aggregate):
         except ValueError:
             raise InvalidInput(f"unknown abandon reason {reason!r}") from None
         self._require_state(f"abandoned ({reason.value})", *UNRESOLVED_STATES)
-        if not isinstance(detail, str):
+        if reason is AbandonReason.OPERATOR:
+            detail = _operator_reason(detail)
+        elif not isinstance(detail, str):
             raise InvalidInput("detail must be a str")
-        self._abandoned(reason=reason.value, detail=cut_error(detail), by=by, timestamp=now)
+        else:
+            detail = cut_error(detail)  # a platform's or a sweep's words: kept, never refused
+        self._abandoned(reason=reason.value, detail=detail, by=by, timestamp=now)
 
     @event("Abandoned")
     def _abandoned(

@@ -17,7 +17,13 @@ from eventsourcing.domain import Aggregate, event
 from gateway_ledger.domain.errors import IllegalTransition, InvalidInput
 from gateway_ledger.domain.session_policy import ResetReason
 from gateway_ledger.domain.session_source import SessionSource
-from gateway_ledger.domain.values import MAX_CONTENT_BYTES, require_aware, require_text
+from gateway_ledger.domain.values import (
+    MAX_CONTENT_BYTES,
+    MAX_REASON_CHARS,
+    require_aware,
+    require_clear_text,
+    require_text,
+)
 
 SESSION_NAMESPACE = uuid5(NAMESPACE_URL, "https://gateway-ledger/session")
 ROLES = frozenset({"user", "assistant", "system", "tool"})
@@ -164,7 +170,7 @@ class Session(Aggregate):
     def mark_resume_pending(self, *, now: datetime, reason: str = "restart") -> None:
         """A turn was interrupted (shutdown, crash): continue it after the restart if fresh."""
         require_aware("now", now)
-        require_text("reason", reason)
+        require_clear_text("reason", reason, max_chars=MAX_REASON_CHARS)
         self._require_open("resume marked")
         self._resume_marked(reason=reason, timestamp=now)
 

@@ -16,7 +16,7 @@ from eventsourcing.domain import Aggregate, event
 from gateway_ledger.domain.errors import IllegalTransition, InvalidInput
 from gateway_ledger.domain.session import is_session_id
 from gateway_ledger.domain.session_policy import ResetReason
-from gateway_ledger.domain.values import require_aware, require_text
+from gateway_ledger.domain.values import require_aware, require_clear_text, require_text
 
 ROUTE_NAMESPACE = uuid5(NAMESPACE_URL, "https://gateway-ledger/session-route")
 INBOUND_NAMESPACE = uuid5(NAMESPACE_URL, "https://gateway-ledger/inbound-message")
@@ -109,7 +109,7 @@ class InboundMessage(Aggregate):
         seq: int,
         now: datetime,
     ) -> InboundMessage:
-        require_text("platform", platform)
+        require_clear_text("platform", platform)
         require_text("platform_message_id", platform_message_id)
         require_aware("now", now)
         return cls(
@@ -152,7 +152,7 @@ class SessionKeying(Aggregate):
 
     @classmethod
     def establish(cls, *, mode: str, now: datetime) -> SessionKeying:
-        require_text("keying mode", mode)
+        require_clear_text("keying mode", mode)
         require_aware("now", now)
         return cls(mode=mode, timestamp=now)
 

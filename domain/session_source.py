@@ -14,7 +14,7 @@ from typing import Any
 import attrs
 
 from gateway_ledger.domain.errors import InvalidInput
-from gateway_ledger.domain.values import require_text
+from gateway_ledger.domain.values import require_clear_text, require_text
 
 CHAT_TYPES = ("dm", "group", "channel", "thread")
 LOCAL_PLATFORM = "local"
@@ -83,7 +83,7 @@ class SessionSource:
     role_authorized: bool = attrs.field(default=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
-        require_text("platform", self.platform)
+        require_clear_text("platform", self.platform)
         if self.platform != self.platform.strip():
             raise InvalidInput("platform must not have surrounding whitespace")
         if self.chat_type not in CHAT_TYPES:
@@ -95,6 +95,8 @@ class SessionSource:
             value = getattr(self, name)
             if value is not None:
                 require_text(name, value, allow_empty=True)
+        if self.profile is not None:  # not personal: kept in clear
+            require_clear_text("profile", self.profile, allow_empty=True)
         for name in ("is_bot", *TRUST_FLAGS):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidInput(f"{name} must be a bool")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
@@ -16,6 +17,20 @@ ERROR_TEXT_LIMIT = 500
 
 MAX_CONTENT_BYTES = 8 * 1024 * 1024
 """A reply larger than this is refused: no chat platform accepts it, and events stay small."""
+
+MAX_METADATA_BYTES = 64 * 1024
+"""A reply's metadata (an adapter's options: parse mode, buttons, ...) larger than this,
+counted as its strings' and keys' UTF-8 bytes plus 8 bytes per other value, is refused:
+it rides in the same event as the reply, which every recovery reads again, and no
+platform takes options a thousand times larger than its largest message."""
+
+MAX_NAME_CHARS = 256
+"""Ids, platform names, owner fields and operators' names are kept in clear and indexed:
+one longer than this (a hostname is at most 253) is a caller's bug, not a name."""
+
+MAX_REASON_CHARS = ERROR_TEXT_LIMIT
+"""An operator's abandon reason or a session's resume reason is a sentence, kept with
+the event for every later reader: longer is refused, like upstream's error text is cut."""
 
 
 class ObligationState(StrEnum):
@@ -79,7 +94,11 @@ class AbandonReason(StrEnum):
 
 
 def require_text(name: str, value: object, *, allow_empty: bool = False) -> str:
-    """Refuse what cannot be stored and read back exactly (wrong type, lone surrogates)."""
+    """Refuse what cannot be stored and read back exactly (wrong type, lone surrogates).
+
+    For text carried inside an event's JSON (message text, chat ids, metadata), which
+    both stores keep as bytes: any Unicode text, NUL included. Text that is also kept in
+    clear in a column of its own goes through :func:`require_clear_text`."""
     if not isinstance(value, str):
         raise InvalidInput(f"{name} must be a str, not {type(value).__name__}")
     if not allow_empty and (not value or value.isspace()):  # blank, without a stripped copy
@@ -91,6 +110,24 @@ def require_text(name: str, value: object, *, allow_empty: bool = False) -> str:
     except UnicodeEncodeError as e:
         raise InvalidInput(f"{name} is not valid Unicode text ({e.reason})") from None
     return value
+
+
+def require_clear_text(
+    name: str, value: object, *, allow_empty: bool = False, max_chars: int = MAX_NAME_CHARS
+) -> str:
+    """Text kept in clear: ids, platform names, owner fields, operators' names and reasons.
+
+    Such text reaches the views' and the lease table's text columns and operators'
+    output, so besides what :func:`require_text` refuses it refuses NUL, which a
+    PostgreSQL text column cannot hold (SQLite can: refused on both, so both stores take
+    the same input), and more than ``max_chars`` characters.
+    """
+    text = require_text(name, value, allow_empty=allow_empty)
+    if "\x00" in text:
+        raise InvalidInput(f"{name} must not contain NUL (\\x00)")
+    if len(text) > max_chars:
+        raise InvalidInput(f"{name} is longer than {max_chars} characters")
+    return text
 
 
 def optional_text(name: str, value: object) -> str | None:
@@ -108,6 +145,29 @@ def require_aware(name: str, value: object) -> datetime:
 
 
 _JSON_SCALARS = (str, int, float, bool, type(None))
+
+
+def require_metadata(name: str, value: object) -> dict[str, Any]:
+    """A reply's metadata: a mapping that survives a JSON round trip unchanged, at most
+    :data:`MAX_METADATA_BYTES` (see there how it is counted)."""
+    if value is not None and not isinstance(value, Mapping):
+        raise InvalidInput(f"{name} must be a mapping, not {type(value).__name__}")
+    meta = dict(value or {})
+    require_json_like(name, meta)
+    if _weight(meta) > MAX_METADATA_BYTES:
+        raise InvalidInput(f"{name} is larger than {MAX_METADATA_BYTES} bytes")
+    return meta
+
+
+def _weight(value: object) -> int:
+    """Roughly its JSON size: strings and keys in UTF-8 bytes, 8 bytes per other value."""
+    if isinstance(value, str):
+        return len(value) if value.isascii() else len(value.encode("utf-8"))
+    if isinstance(value, dict):
+        return 8 + sum(_weight(k) + _weight(v) for k, v in value.items())
+    if isinstance(value, list):
+        return 8 + sum(_weight(v) for v in value)
+    return 8
 
 
 def require_json_like(name: str, value: object, _depth: int = 0) -> Any:
@@ -148,6 +208,15 @@ def _text(name: str, *, allow_empty: bool = False) -> Any:
     return check
 
 
+def _clear_text(name: str, *, allow_empty: bool = False) -> Any:
+    """An attrs validator that applies :func:`require_clear_text`."""
+
+    def check(_: object, __: attrs.Attribute[Any], value: object) -> None:
+        require_clear_text(name, value, allow_empty=allow_empty)
+
+    return check
+
+
 def _id_text(value: object) -> object:
     """Platforms hand out numeric ids; they are keys, not numbers, so keep them as str."""
     if isinstance(value, int) and not isinstance(value, bool):
@@ -168,14 +237,14 @@ class OwnerIdentity:
     22); ``None`` when unknown, which liveness checks must treat as "cannot prove alive".
     """
 
-    host: str = attrs.field(validator=_text("host"))
-    boot_id: str = attrs.field(validator=_text("boot_id", allow_empty=True))
+    host: str = attrs.field(validator=_clear_text("host"))
+    boot_id: str = attrs.field(validator=_clear_text("boot_id", allow_empty=True))
     pid: int = attrs.field(validator=[attrs.validators.instance_of(int), _non_negative])
     start_time: int | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.instance_of(int))
     )
     installation_id: str = attrs.field(
-        default="", validator=_text("installation_id", allow_empty=True)
+        default="", validator=_clear_text("installation_id", allow_empty=True)
     )
 
     def same_process(self, other: OwnerIdentity) -> bool:
@@ -189,7 +258,7 @@ class OwnerIdentity:
 class DeliveryTarget:
     """Where a reply goes: everything an adapter needs to address it again after a crash."""
 
-    platform: str = attrs.field(validator=_text("platform"))
+    platform: str = attrs.field(validator=_clear_text("platform"))
     chat_id: str = attrs.field(converter=_id_text, validator=_text("chat_id"))
     thread_id: str | None = attrs.field(default=None)
     reply_to: str | None = attrs.field(default=None)

@@ -192,16 +192,19 @@ class GroupCommitWriter:
         *,
         label: str = "",
         after: Written | None = None,
+        on_error: Callable[[BaseException], object] | None = None,
     ) -> tuple[WriteHandle, asyncio.Future[None]]:
         """Like :meth:`submit`, but with an asyncio future on the running loop that settles
         the same way (await it; it is skipped if already done, e.g. timed out), and a
-        :class:`WriteHandle` for chaining."""
+        :class:`WriteHandle` for chaining. ``on_error(error)`` is called on that loop if
+        the write fails, whether or not the future was still awaited."""
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
         if loop not in self._wakers:
             self._wakers[loop] = waker_for(loop, _wake)
         handle = WriteHandle()
-        self._enqueue(events, label, after, waiter, handle)
+        report = (loop, on_error) if on_error is not None else None
+        self._enqueue(events, label, after, waiter, handle, report)
         return handle, waiter
 
     def submit_behind(
@@ -258,8 +261,9 @@ class GroupCommitWriter:
         after: Written | None,
         waiter: asyncio.Future[None] | None,
         future: Written,
+        on_error: tuple[asyncio.AbstractEventLoop, Callable[[BaseException], object]] | None = None,
     ) -> None:
-        job = _Job(label, list(events), future, after, waiter)
+        job = _Job(label, list(events), future, after, waiter, on_error)
         with self._cond:
             if self._closed:
                 self._settle([job], LedgerUnavailable("the ledger writer is closed"))

@@ -55,6 +55,7 @@ def _chunks(items: Sequence[str], size: int = 500) -> Iterator[list[str]]:
 class KeyTable(Protocol):
     def get_meta(self, name: str) -> str | None: ...
     def put_meta_once(self, name: str, value: str) -> str: ...
+    def probe_write(self) -> None: ...
     def find(self, subject_id: str) -> tuple[str, bytes] | None: ...
     def get(self, subject_id: str, key_id: str) -> bytes | None: ...
     def get_many(self, subject_ids: Sequence[str]) -> dict[str, tuple[str, bytes]]: ...
@@ -147,6 +148,17 @@ class SQLiteKeyTable(_OwnConnection):
         stored = self.get_meta(name)
         assert stored is not None
         return stored
+
+    def probe_write(self) -> None:
+        """Write a row and roll it back: raises where the store refuses writes (a read-only
+        or immutable file), which opening it and reading never show."""
+        with self._lock:
+            conn = self._connection()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute(f"INSERT OR REPLACE INTO {META_TABLE} VALUES ('write_probe', '')")
+            finally:
+                conn.execute("ROLLBACK")
 
     def find(self, subject_id: str) -> tuple[str, bytes] | None:
         rows = self._read(
@@ -300,6 +312,18 @@ class PostgresKeyTable(_OwnConnection):
             self.sql.SQL("SELECT value FROM {} WHERE name=%s").format(self.meta), (name,)
         )
         return str(rows[0][0]) if rows else None
+
+    def probe_write(self) -> None:
+        """Write a row and roll it back: raises where the store refuses writes (privileges,
+        a read-only transaction or server), which opening it and reading never show."""
+        with self._lock:
+            conn = self._connection()
+            with conn.transaction(force_rollback=True):
+                conn.execute(
+                    self.sql.SQL(
+                        "INSERT INTO {} VALUES ('write_probe', '') ON CONFLICT DO NOTHING"
+                    ).format(self.meta)
+                )
 
     def put_meta_once(self, name: str, value: str) -> str:
         self._run(

@@ -21,7 +21,7 @@ from gateway_ledger.domain.errors import InvalidInput, NotAStore
 from gateway_ledger.infrastructure.key_table import KEYS_TABLE, KeyRaceLost
 from gateway_ledger.infrastructure.keyed_recorder import KeyStaging
 
-_SCHEMA_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+_SCHEMA_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
 
 def parse_postgres_url(url: str) -> dict[str, str]:
@@ -30,7 +30,8 @@ def parse_postgres_url(url: str) -> dict[str, str]:
         raise InvalidInput(f"not a postgresql:// URL: {url!r}")
     query = parse_qs(parsed.query)
     schema = query.get("schema", ["public"])[0]
-    if not _SCHEMA_RE.match(schema):
+    # fullmatch: ``$`` alone would let a trailing newline through (``?schema=evil%0A``).
+    if not _SCHEMA_RE.fullmatch(schema):
         raise InvalidInput(f"invalid schema name {schema!r}")
     dbname = unquote(parsed.path.lstrip("/")) or "postgres"
     try:

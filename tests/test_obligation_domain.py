@@ -117,7 +117,7 @@ def test_illegal_transitions_are_refused_and_append_nothing(
         "deliver": lambda: agg.confirm_delivery(by=agg.owner, now=T0),
         "fail": lambda: agg.fail(by=agg.owner, now=T0, error="x"),
         "claim": lambda: agg.claim(by=BOB if agg.owner == ALICE else ALICE, now=T0, policy=POLICY),
-        "abandon": lambda: agg.abandon(reason=AbandonReason.OPERATOR, now=T0),
+        "abandon": lambda: agg.abandon(reason=AbandonReason.OPERATOR, now=T0, detail="stop"),
     }
     for step in prepare:
         run[step]()

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from gateway_ledger.application.ledger import DeliveryLedger
-from gateway_ledger.domain.errors import IllegalTransition, NotFound
+from gateway_ledger.domain.errors import ConflictingRecord, IllegalTransition, NotFound
 from gateway_ledger.domain.values import (
     AbandonReason,
     ErrorClass,
@@ -58,6 +58,7 @@ class Model:
     send_attempts: int = 0
     sends_may_have_arrived: list[bool] = attrs.Factory(list)  # one entry per started send
     late_delivery: bool = False  # a fenced-out owner reported that its send arrived
+    content: str | None = None  # what the first record said
     events: list[str] = attrs.Factory(list)
     unguarded_resends: int = 0  # sends recorded as guard "none" when the marker was due
 
@@ -133,7 +134,7 @@ class ObligationMachine(RuleBasedStateMachine):
     @rule(by=owner_index, content=st.sampled_from(["hello", "nul\x00", "🙂" * 3]))
     def record(self, by: int, content: str) -> None:
         before = self._stored_count()
-        self.ledgers[by].record_obligation(
+        call = lambda: self.ledgers[by].record_obligation(  # noqa: E731
             obligation_id=OID,
             session_key="agent:main:telegram:dm:1",
             platform="telegram",
@@ -141,10 +142,18 @@ class ObligationMachine(RuleBasedStateMachine):
             content=content,
         )
         if self.model.state is None:
+            call()
             self.model.state, self.model.owner = "pending", by
+            self.model.content = content
             self.model.events.append("Recorded")
+            return
+        if content == self.model.content:
+            call()  # the same record again: idempotent
         else:
-            assert self._stored_count() == before  # idempotent: nothing appended
+            # Another reply under the same id is a caller's bug, refused (issue 14).
+            with pytest.raises(ConflictingRecord, match=OID):
+                call()
+        assert self._stored_count() == before  # nothing appended either way
 
     @rule(by=owner_index, guard=st.sampled_from([None, *SendGuard]))
     def attempt(self, by: int, guard: SendGuard | None) -> None:
@@ -208,7 +217,8 @@ class ObligationMachine(RuleBasedStateMachine):
 
     @rule(by=owner_index, reason=st.sampled_from(list(AbandonReason)))
     def abandon(self, by: int, reason: AbandonReason) -> None:
-        if self._run("abandon", by, lambda: self.ledgers[by].abandon(OID, reason.value)):
+        abandon = lambda: self.ledgers[by].abandon(OID, reason.value, "stateful test")  # noqa: E731
+        if self._run("abandon", by, abandon):
             self.model.state = "abandoned"
             self.model.events.append("Abandoned")
 

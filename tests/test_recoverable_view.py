@@ -72,7 +72,7 @@ def run_step(
         elif kind == "claim":
             agg.claim(by=OWNERS[action[2]], now=now, policy=POLICY)
         elif kind == "abandon":
-            agg.abandon(reason=AbandonReason.OPERATOR, now=now)
+            agg.abandon(reason=AbandonReason.OPERATOR, now=now, detail="stop")
     except IllegalTransition:
         return
     ledger.save(agg)

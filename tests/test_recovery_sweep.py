@@ -127,7 +127,7 @@ def test_live_own_delivered_and_abandoned_obligations_are_never_claimed(
         record(dead, oid)
     dead.mark_attempting("done")
     dead.mark_delivered("done")
-    dead.abandon("given-up", "operator")
+    dead.abandon("given-up", "operator", "the operator gave up")
 
     assert gateway.sweep_recoverable() == []
     result = gateway.last_sweep
