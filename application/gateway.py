@@ -205,7 +205,10 @@ class Gateway:
         clock: Clock = system_clock,
         **kwargs: Any,
     ) -> Gateway:
-        return cls(DeliveryLedger.open(location, owner=owner, policy=policy, clock=clock), **kwargs)
+        ledger = DeliveryLedger.open(
+            location, owner=owner, policy=policy, clock=clock, check_key=False
+        )
+        return cls(ledger, **kwargs)
 
     @property
     def ledger_deadline(self) -> float:

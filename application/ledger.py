@@ -121,8 +121,10 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
         clock: Clock = system_clock,
         encrypt: bool | None = None,
         lease: LeaseSettings | None = None,
+        check_key: bool = True,
     ) -> None:
         env = dict(env or {})
+        self.check_key_at_open = check_key
         if encrypt is not None:
             env[ENCRYPT_ENV] = "y" if encrypt else "n"
         for attempt in range(5):
@@ -167,11 +169,14 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
         lease: LeaseSettings | None = None,
         existing: bool = False,
         writing: bool = False,
+        check_key: bool = True,
     ) -> DeliveryLedger:
         """Open (creating if needed) the store at a file path or a postgresql:// URL.
 
         ``existing=True`` (the operators' commands) opens only a gateway-ledger store
         that is there, read-only if this process cannot write it unless ``writing``.
+        ``check_key=False`` defers the master-key check to the first use of a data key
+        (a gateway checks at ``start()`` and runs untracked, saying so, if it fails).
         """
         env = store_environment(location, existing=True, writing=writing) if existing else None
         with opening(location):
@@ -182,6 +187,7 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
                 clock=clock,
                 encrypt=encrypt,
                 lease=lease,
+                check_key=check_key,
             )
 
     def close(self) -> None:

@@ -496,6 +496,10 @@ class PrivateEvents:
     """
 
     privacy_policy: ClassVar[PrivacyPolicy] = PrivacyPolicy()
+    check_key_at_open: bool = True
+    """False for a gateway: it must start and send even without its key, and says at
+    ``start()`` that every reply goes untracked (the key is still never made for sealed
+    data, and nothing is written without it)."""
     env: Any
     recorder: Any
 
@@ -505,7 +509,8 @@ class PrivateEvents:
         in the middle of a command (and a new key is never made for sealed data)."""
         super().__init__(*args, **kwargs)
         try:
-            self.private_mapper.keyring.check_master_key()
+            if self.check_key_at_open:
+                self.private_mapper.keyring.check_master_key()
         except BaseException:
             PrivateEvents.close(self)
             raise
