@@ -21,8 +21,10 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
+
+from gateway_ledger.domain.errors import SessionErased
 
 KEYS_TABLE = "gateway_ledger_subject_keys"
 META_TABLE = "gateway_ledger_privacy_meta"
@@ -45,6 +47,40 @@ def insert_staged_keys(cursor: sqlite3.Cursor, rows: Sequence[tuple[Any, ...]]) 
     """
     if rows and cursor.executemany(SQLITE_INSERT_KEY, rows).rowcount != len(rows):
         raise KeyRaceLost
+
+
+def erased_among(used: Mapping[str, str], stored: Iterable[tuple[str, str]]) -> None:
+    """Raise ``SessionErased`` for each subject whose key ``used`` (subject -> key id) is
+    not among the ``stored`` (subject, key id) rows read in the writer's transaction."""
+    gone = set(used)
+    for subject, key_id in stored:
+        if used.get(subject) == key_id:
+            gone.discard(subject)
+    if gone:
+        raise SessionErased(tuple(sorted(gone)))
+
+
+def require_live_keys(cursor: sqlite3.Cursor, used: Mapping[str, str]) -> None:
+    """In the caller's write transaction: every key the events were sealed with is still
+    stored (one primary-key lookup per 500 subjects), else ``SessionErased`` and the
+    caller rolls back. ``BEGIN IMMEDIATE`` serialises this with an erasure's DELETE, so
+    a key destroyed before the commit is always seen (ADR 0028)."""
+    if not used:
+        return
+    subjects = sorted(used)
+    if len(subjects) == 1:
+        rows = cursor.execute(
+            f"SELECT subject_id, key_id FROM {KEYS_TABLE} WHERE subject_id=?", subjects
+        ).fetchall()
+    else:
+        rows = []
+        for chunk in _chunks(subjects):
+            marks = ", ".join("?" * len(chunk))
+            rows += cursor.execute(
+                f"SELECT subject_id, key_id FROM {KEYS_TABLE} WHERE subject_id IN ({marks})",
+                chunk,
+            ).fetchall()
+    erased_among(used, rows)
 
 
 def _chunks(items: Sequence[str], size: int = 500) -> Iterator[list[str]]:

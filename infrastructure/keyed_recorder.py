@@ -18,7 +18,7 @@ from typing import Any
 from eventsourcing.persistence import StoredEvent
 from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteCursor
 
-from gateway_ledger.infrastructure.key_table import insert_staged_keys
+from gateway_ledger.infrastructure.key_table import insert_staged_keys, require_live_keys
 from gateway_ledger.infrastructure.keyring import StagedKeys
 
 
@@ -46,14 +46,22 @@ class KeyStaging:
         staged: StagedKeys | None = getattr(self._staging, "keys", None)
         return staged.rows if staged is not None else ()
 
+    def staged_used(self) -> dict[str, str]:
+        """The stored keys (subject -> key id) this thread's events were sealed with."""
+        staged: StagedKeys | None = getattr(self._staging, "keys", None)
+        return staged.used if staged is not None else {}
+
 
 class KeyedSQLiteApplicationRecorder(KeyStaging, SQLiteApplicationRecorder):
-    """Inserts this thread's staged key rows before the events."""
+    """Checks the keys the events were sealed with are still stored, then inserts this
+    thread's staged key rows, then the events."""
 
     def _insert_events(
         self, c: SQLiteCursor, stored_events: Sequence[StoredEvent], **kwargs: Any
     ) -> Sequence[int] | None:
+        # SessionErased or KeyRaceLost: the library's transaction rolls back.
+        require_live_keys(c.sqlite_cursor, self.staged_used())
         rows = self.staged_rows()
-        if rows:  # KeyRaceLost: the library's transaction rolls back
+        if rows:
             insert_staged_keys(c.sqlite_cursor, rows)
         return super()._insert_events(c, stored_events, **kwargs)
