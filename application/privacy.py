@@ -41,7 +41,23 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway_ledger.privacy")
 
-__all__ = ["DELIVERY_PRIVACY", "ERASED", "SESSION_PRIVACY", "ErasureReport", "forget_session"]
+__all__ = [
+    "CLEANUP_PENDING_NOTE",
+    "DELIVERY_PRIVACY",
+    "ERASED",
+    "SESSION_PRIVACY",
+    "ErasureReport",
+    "finish_erasure_cleanup",
+    "forget_session",
+]
+
+CLEANUP_PENDING_NOTE = (
+    "cleanup pending: an open reader or transaction kept an old copy of the destroyed key "
+    "in the store's files (SQLite WAL, or PostgreSQL's key table before VACUUM FULL); the "
+    "key can no longer be used, and the next `gateway-ledger sessions forget`, or "
+    "`gateway-ledger sessions forget --finish`, removes the copy"
+)
+"""What an operator is told when an erasure's cleanup was left for later (ADR 0028)."""
 
 _Obligation: Any = DeliveryObligation  # its event classes are made at runtime
 
@@ -100,6 +116,9 @@ class ErasureReport:
     erased_at: datetime
     wal_truncated: bool | None
     sessions: tuple[str, ...] = ()
+    cleanup_pending: bool = False
+    """An old copy of the destroyed key may remain in the store's files until the next
+    erasure or ``finish_erasure_cleanup`` (a reader held them; ADR 0028)."""
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -110,6 +129,7 @@ class ErasureReport:
             "sessions": list(self.sessions),
             "erased_at": self.erased_at.isoformat(),
             "wal_truncated": self.wal_truncated,
+            "cleanup_pending": self.cleanup_pending,
         }
 
 
@@ -137,9 +157,11 @@ def forget_in_ledger(
     abandoned = _abandon_unresolved(ledger, subject)
     destroyed = mapper.keyring.destroy(subject)
     truncated = getattr(mapper.keyring.table, "last_checkpoint_complete", None)
+    pending = bool(getattr(mapper.keyring.table, "cleanup_pending", False))
     if sessions is not None:
         ring = sessions.private_mapper.keyring
         destroyed += [k for k in ring.destroy(ring.subject_id(session_key)) if k not in destroyed]
+        pending = pending or bool(getattr(ring.table, "cleanup_pending", False))
         other = getattr(ring.table, "last_checkpoint_complete", None)
         truncated = (
             None
@@ -166,7 +188,10 @@ def forget_in_ledger(
         erased_at=erasure.erased_at,
         wal_truncated=truncated,
         sessions=tuple(session_ids),
+        cleanup_pending=pending,
     )
+    if pending:
+        log.warning("subject %s erased; %s", subject, CLEANUP_PENDING_NOTE)
     log.info(
         "subject %s erased: %d key(s) destroyed, %d obligation(s) abandoned, %d session(s)",
         subject,
@@ -297,3 +322,28 @@ def forget_session(
         ledger.close()
         if session_store is not None:
             session_store.close()
+
+
+def finish_erasure_cleanup(location: str | Path, *, sessions: str | Path | None = None) -> bool:
+    """Finish what earlier erasures left pending in the store at ``location`` (and in the
+    session store at ``sessions``, if it lives elsewhere): the WAL truncation on SQLite,
+    ``VACUUM FULL`` of the key table on PostgreSQL. True when nothing is pending any more.
+
+    Like the erasure, it waits about a second at most for a reader to let go, so it can
+    run from cron without holding the gateway's writers off (ADR 0028).
+    """
+    from gateway_ledger.application.ledger import DeliveryLedger
+
+    ledger = DeliveryLedger.open(location)
+    try:
+        done = ledger.private_mapper.keyring.table.finish_cleanup()
+    finally:
+        ledger.close()
+    if sessions is not None:
+        store = open_sessions_for_erasure(sessions, required=True)
+        assert store is not None
+        try:
+            done = store.private_mapper.keyring.table.finish_cleanup() and done
+        finally:
+            store.close()
+    return done

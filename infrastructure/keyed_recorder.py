@@ -53,15 +53,22 @@ class KeyStaging:
 
 
 class KeyedSQLiteApplicationRecorder(KeyStaging, SQLiteApplicationRecorder):
-    """Checks the keys the events were sealed with are still stored, then inserts this
-    thread's staged key rows, then the events."""
+    """Inserts this thread's staged key rows before the events, then checks that the
+    stored keys the events were sealed with are still there (ADR 0028).
+
+    The check comes after the first write: the library opens a deferred ``BEGIN``, and a
+    read first would make the write an upgrade that fails at once ("database is locked",
+    no busy wait) whenever another connection committed in between. Once this connection
+    writes it holds the write lock, so the check reads the latest state.
+    """
 
     def _insert_events(
         self, c: SQLiteCursor, stored_events: Sequence[StoredEvent], **kwargs: Any
     ) -> Sequence[int] | None:
-        # SessionErased or KeyRaceLost: the library's transaction rolls back.
-        require_live_keys(c.sqlite_cursor, self.staged_used())
+        # KeyRaceLost or SessionErased: the library's transaction rolls back.
         rows = self.staged_rows()
         if rows:
             insert_staged_keys(c.sqlite_cursor, rows)
-        return super()._insert_events(c, stored_events, **kwargs)
+        ids = super()._insert_events(c, stored_events, **kwargs)
+        require_live_keys(c.sqlite_cursor, self.staged_used())
+        return ids
