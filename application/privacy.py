@@ -24,11 +24,12 @@ from gateway_ledger.domain.erasure import Erasure
 from gateway_ledger.domain.errors import InvalidInput
 from gateway_ledger.domain.obligation import DeliveryObligation
 from gateway_ledger.domain.session import Session
-from gateway_ledger.domain.session_route import SessionRoute
-from gateway_ledger.domain.session_source import PERSONAL_FIELDS
+from gateway_ledger.domain.session_route import InboundMessage, SessionKeying, SessionRoute
+from gateway_ledger.domain.session_source import PERSONAL_FIELDS, TRUST_FLAGS
 from gateway_ledger.domain.values import AbandonReason, require_text
 from gateway_ledger.infrastructure.private_mapper import (
     ERASED,
+    InClear,
     PrivacyPolicy,
     SealedEvent,
     SealedSnapshot,
@@ -60,6 +61,7 @@ CLEANUP_PENDING_NOTE = (
 """What an operator is told when an erasure's cleanup was left for later (ADR 0028)."""
 
 _Obligation: Any = DeliveryObligation  # its event classes are made at runtime
+_Erasure: Any = Erasure
 
 DELIVERY_PRIVACY = PrivacyPolicy(
     SealedEvent(
@@ -75,14 +77,33 @@ DELIVERY_PRIVACY = PrivacyPolicy(
             "target.reply_to",
         ),
         subject_from="session_key",
+        clear=("obligation_id", "target.platform", "owner"),
     ),
-    SealedEvent(_Obligation.Delivered, ("receipt",)),
-    SealedEvent(_Obligation.Failed, ("error",)),
-    SealedEvent(_Obligation.Abandoned, ("detail",)),
-    SealedEvent(_Obligation.LateResultReported, ("receipt", "error")),
+    InClear(_Obligation.Attempting, ("by", "fence", "guard")),
+    SealedEvent(_Obligation.PartDelivered, ("receipt",), clear=("by", "index", "fence")),
+    SealedEvent(_Obligation.Delivered, ("receipt",), clear=("by", "fence")),
+    SealedEvent(
+        _Obligation.Failed, ("error",), clear=("by", "classification", "retry_after", "fence")
+    ),
+    SealedEvent(
+        _Obligation.LateResultReported,
+        ("receipt", "error"),
+        clear=("by", "outcome", "classification", "part", "fence", "current_fence", "late"),
+    ),
+    InClear(
+        _Obligation.Claimed, ("by", "previous_owner", "recovery_attempt", "needs_marker", "fence")
+    ),
+    InClear(_Obligation.RetryRequested, ("by", "previous_owner", "requested_by", "fence")),
+    SealedEvent(_Obligation.Abandoned, ("detail",), clear=("reason", "by")),
+    InClear(
+        _Erasure.SubjectErased,
+        ("subject_id", "by", "requested_by", "destroyed_keys", "abandoned", "sessions"),
+    ),
 )
-"""Personal: what was said, to whom, where, and what the platform echoed back.
-In clear: obligation id, states, times, attempts, fence, platform, owner, error class."""
+"""Personal: what was said, to whom, where, and what the platform echoed back (every
+receipt: whole replies, parts, late results). In clear: obligation id, states, times,
+attempts, fences, platform, owners (the gateway's identity), error class, operator labels,
+and the erasure records (subject ids are keyed hashes)."""
 
 _Session: Any = Session
 _Route: Any = SessionRoute
@@ -90,10 +111,35 @@ _Route: Any = SessionRoute
 SOURCE_FIELDS = tuple(f"source.{name}" for name in PERSONAL_FIELDS)
 """Who and where, in a SessionSource. In clear: platform, chat_type, is_bot, profile."""
 
+_Inbound: Any = InboundMessage
+_Keying: Any = SessionKeying
+SOURCE_CLEAR = tuple(
+    f"source.{name}" for name in ("platform", "chat_type", "is_bot", "profile", *TRUST_FLAGS)
+)
+"""In clear in a SessionSource (the trust flags are never stored at all)."""
+
 SESSION_PRIVACY = PrivacyPolicy(
-    SealedEvent(_Session.Started, ("key", *SOURCE_FIELDS), subject_from="key"),
-    SealedEvent(_Session.MessageAppended, ("content", "platform_message_id"), state_free=True),
-    SealedEvent(_Route.Opened, ("key",), subject_from="key"),
+    SealedEvent(
+        _Session.Started,
+        ("key", *SOURCE_FIELDS),
+        subject_from="key",
+        clear=("session_id", "previous_session_id", "started_reason", *SOURCE_CLEAR),
+    ),
+    SealedEvent(
+        _Session.MessageAppended,
+        ("content", "platform_message_id"),
+        state_free=True,
+        clear=("seq", "role"),
+    ),
+    InClear(_Session.ResumeMarked, ("reason",)),
+    InClear(_Session.ResumeCleared),
+    InClear(_Session.Suspended),
+    InClear(_Session.Reset, ("reason", "successor_session_id")),
+    SealedEvent(_Route.Opened, ("key",), subject_from="key", clear=("session_id",)),
+    InClear(_Route.Rotated, ("previous_session_id", "session_id", "reason")),
+    # Keyed hashes of the chat and message ids only (ADR 0013).
+    InClear(_Inbound.Seen, ("platform", "chat_scope", "platform_message_id", "session_id", "seq")),
+    InClear(_Keying.Established, ("mode",)),
     SealedSnapshot(Session, ("key", *SOURCE_FIELDS)),
     SealedSnapshot(SessionRoute, ("key",)),
 )
