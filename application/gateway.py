@@ -622,7 +622,11 @@ class Gateway:
             )
         await self._write(flight, "failed")
         self._counters.failed += 1
-        delay = None if flight.conflicted or flight.erased else self._retry_delay(flight, error_class, retry_after)
+        delay = (
+            None
+            if flight.conflicted or flight.erased
+            else self._retry_delay(flight, error_class, retry_after)
+        )
         if delay is not None:
             self._counters.retries_scheduled += 1
             self.scheduler.schedule(
@@ -666,9 +670,7 @@ class Gateway:
             except LedgerError as e:
                 log.info("obligation %s not retried: %s", flight.oid, type(e).__name__)
                 return
-            if not await self._write(flight, "attempting") and (
-                flight.conflicted or flight.erased
-            ):
+            if not await self._write(flight, "attempting") and (flight.conflicted or flight.erased):
                 if flight.erased:
                     self._erased(flight.oid, "retry")
                 return

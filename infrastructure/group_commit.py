@@ -377,9 +377,7 @@ class GroupCommitWriter:
         refused: list[_Job] = []
         rest: list[_Job] = []
         for job in jobs:
-            subjects = (
-                {subject_of(e.originator_id) for e in job.events} if subject_of else gone
-            )
+            subjects = {subject_of(e.originator_id) for e in job.events} if subject_of else gone
             (refused if subjects & gone else rest).append(job)
         if not refused:  # cannot tell whose it was: refuse them all rather than loop
             refused, rest = rest, []

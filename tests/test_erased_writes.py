@@ -20,7 +20,9 @@ import pytest
 from gateway_ledger.application.gateway import Gateway
 from gateway_ledger.application.ledger import DeliveryLedger
 from gateway_ledger.application.ports import Reply, ReplyContext
-from gateway_ledger.domain.errors import SessionErased
+from gateway_ledger.application.sessions import SessionStore
+from gateway_ledger.domain.errors import LedgerError, SessionErased
+from gateway_ledger.domain.session_source import SessionSource
 from gateway_ledger.infrastructure.group_commit import GroupCommitWriter
 from gateway_ledger.infrastructure.master_key import MASTER_KEY_ENV
 from gateway_ledger.infrastructure.private_mapper import ERASED
@@ -34,14 +36,15 @@ CLI = str(Path(sys.executable).parent / "gateway-ledger")
 @pytest.fixture(autouse=True)
 def private_key_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GATEWAY_LEDGER_KEY_DIR", str(tmp_path / "keys"))
+    monkeypatch.setenv("GATEWAY_LEDGER_SECRET_DIR", str(tmp_path / "secret"))
     monkeypatch.delenv(MASTER_KEY_ENV, raising=False)
     monkeypatch.delenv("GATEWAY_LEDGER_KEY_FILE", raising=False)
 
 
-def forget_elsewhere(location: str) -> None:
+def forget_elsewhere(location: str, key: str = KEY) -> None:
     """``sessions forget`` in a child process: this process's key cache is not told."""
     done = subprocess.run(
-        [CLI, "sessions", "forget", KEY, "--db", location],
+        [CLI, "sessions", "forget", key, "--db", location],
         capture_output=True,
         text=True,
         timeout=120,
@@ -119,9 +122,7 @@ def test_the_gateway_neither_records_nor_sends_a_reply_to_a_session_erased_elsew
             first = await gw.deliver(ctx, Reply("before"), "in-1")
             assert first.status == "delivered"
             await gw.flush()
-            await asyncio.get_running_loop().run_in_executor(
-                None, forget_elsewhere, store_location
-            )
+            await asyncio.get_running_loop().run_in_executor(None, forget_elsewhere, store_location)
             out = await gw.deliver(ctx, Reply("an answer to a forgotten conversation"), "in-2")
             assert out.status == "erased"
             assert [s.content for s in adapter.sent] == ["before"]  # not sent
@@ -130,3 +131,32 @@ def test_the_gateway_neither_records_nor_sends_a_reply_to_a_session_erased_elsew
             assert (stats.erased, stats.ledger_faults) == (1, 0)
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("first", ["append", "resolve"])
+def test_the_session_store_refuses_an_append_to_an_erased_session_and_starts_afresh(
+    store_location: str, first: str
+) -> None:
+    """An append to the erased conversation is refused; the user's next message starts a
+    new session under a new key (new data, ADR 0012), without an error, whichever of the
+    two this process writes first after the erasure."""
+    DeliveryLedger.open(store_location).close()  # the ledger half lives in the same store
+    store = SessionStore.open(store_location)
+    source = SessionSource(platform="telegram", chat_id=CHAT, user_id="u-70707")
+    ctx = store.resolve(source)
+    store.append(ctx, "user", "please forget me", "in-1")
+    forget_elsewhere(store_location, ctx.key)
+
+    if first == "append":
+        with pytest.raises(SessionErased):
+            store.append(ctx, "assistant", "an answer to the forgotten conversation")
+    again = store.resolve(source)
+    assert again.session_id != ctx.session_id and again.is_new
+    store.append(again, "user", "a new conversation", "in-2")
+    with pytest.raises(LedgerError):  # erased (or, once rotated, ended): never appended
+        store.append(ctx, "assistant", "an answer to the forgotten conversation")
+    fresh = SessionStore.open(store_location)
+    assert [m.content for m in fresh.history(again.session_id)] == ["a new conversation"]
+    assert [m.content for m in fresh.history(ctx.session_id)] == [ERASED]
+    fresh.close()
+    store.close()

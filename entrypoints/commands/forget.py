@@ -44,9 +44,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "forget",
         help="erase a session's personal data (the audit trail stays, showing [erased])",
     )
-    parser.add_argument(
-        "session_key", metavar="KEY", nargs="?", help="the session key to forget"
-    )
+    parser.add_argument("session_key", metavar="KEY", nargs="?", help="the session key to forget")
     parser.add_argument(
         "--finish",
         action="store_true",
