@@ -4,7 +4,9 @@ Personal fields are sealed by the store's mapper (``infrastructure/private_mappe
 under one data key per session key. ``forget_session`` destroys that key: every event
 still replays, with ``[erased]`` where the personal data was, and every unresolved
 obligation of the session is abandoned with reason ``erased`` instead of being sent.
-See ADR 0012 for what this guarantees and what it cannot.
+See ADR 0012 for what this guarantees and what it cannot, and ADR 0028 for writes that
+race an erasure (refused with ``SessionErased``) and for cleanup that a reader keeps from
+finishing (left pending, finished by the next erasure or ``finish_erasure_cleanup``).
 """
 
 from __future__ import annotations

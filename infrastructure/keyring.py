@@ -3,8 +3,9 @@
 A subject is one session key, named in the store only by a keyed hash (``subject_id``),
 so neither the key table nor an event envelope holds the session key itself. Unwrapped
 keys are cached per process for ``GATEWAY_LEDGER_KEY_CACHE_TTL`` seconds (default 60):
-after an erasure elsewhere, this process stops using the destroyed key within that time
-(ADR 0012 discusses the window).
+after an erasure elsewhere, this process stops using the destroyed key within that time,
+and a write sealed with it meanwhile is refused by its own transaction (``SessionErased``,
+ADR 0028), which makes every key ring here forget the key at once.
 
 A writer that stores events in a transaction of its own can create the keys they need
 in that same transaction (:meth:`KeyRing.writing_new_keys`): the new key is usable at
