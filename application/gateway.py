@@ -35,7 +35,12 @@ from gateway_ledger.application.ports import (
 )
 from gateway_ledger.application.recovery_port import RecoverySweep, ResumableSessions
 from gateway_ledger.application.scheduling import AsyncioScheduler, Scheduler
-from gateway_ledger.domain.errors import ConcurrentUpdate, ConflictingRecord, LedgerError
+from gateway_ledger.domain.errors import (
+    ConcurrentUpdate,
+    ConflictingRecord,
+    LedgerError,
+    SessionErased,
+)
 from gateway_ledger.domain.obligation import DeliveryObligation, compute_obligation_id
 from gateway_ledger.domain.values import (
     AbandonReason,
@@ -85,8 +90,10 @@ def outgoing_parts(agg: DeliveryObligation) -> list[OutgoingPart]:
 class DeliveryOutcome:
     """What ``deliver`` did. ``status``: delivered, failed (a retry is scheduled or the
     boot sweep owns it), abandoned, skipped (``skip_reason``), already_recorded (the same
-    turn's reply is owed or done: nothing sent), queued (no adapter connected), or
-    superseded (another gateway claimed it mid-send: this one stopped sending)."""
+    turn's reply is owed or done: nothing sent), queued (no adapter connected),
+    superseded (another gateway claimed it mid-send: this one stopped sending), or erased
+    (the session was forgotten while the reply was on its way: neither recorded nor sent,
+    or no more of it sent; ADR 0028)."""
 
     status: str
     obligation_id: str | None = None
@@ -131,6 +138,8 @@ class GatewayStats:
     untracked: int = 0
     """Replies sent (or queued) without a durable obligation: the ledger refused or lost
     their record (a ledger fault each), so no crash recovery covers them."""
+    erased: int = 0
+    """Replies not sent (or not finished) because their session was erased meanwhile."""
 
 
 @attrs.define
@@ -146,6 +155,7 @@ class _Counters:
     rate_limit_waits: int = 0
     late_results: int = 0
     untracked: int = 0
+    erased: int = 0
 
 
 @attrs.define
@@ -156,6 +166,8 @@ class _Flight:
     adapter: PlatformAdapter
     tracked: bool = True
     conflicted: bool = False
+    erased: bool = False
+    """Its session was forgotten while it was on its way: nothing more is sent."""
     last_write: Written | None = None
     runtime_retries: int = 0
     guard: SendGuard = SendGuard.NONE
@@ -354,6 +366,7 @@ class Gateway:
             group_conflicts=w.conflicts,
             late_results=c.late_results,
             untracked=c.untracked,
+            erased=c.erased,
         )
 
     # -- the delivery path --------------------------------------------------------------------
@@ -418,6 +431,8 @@ class Gateway:
             if adapter is None:
                 return DeliveryOutcome(status="failed", obligation_id=oid, ledger_fault=True)
             return await self._send_untracked(oid, context, reply, inbound_message_id, adapter)
+        except SessionErased:
+            return self._erased(oid, "record")
         except Exception as e:
             self._fault(oid, "record", e)
             fault = True
@@ -437,6 +452,18 @@ class Gateway:
         """Wait for a write, at most ``ledger_deadline``; the write itself goes on regardless."""
         self._deadlines.watch(waiter)
         await waiter
+
+    def _erased(self, oid: str, stage: str) -> DeliveryOutcome:
+        """The session was forgotten while this reply was on its way (ADR 0028).
+
+        The user asked to be forgotten, and this reply was made from the conversation that
+        was erased: it is not sent, as the erasure abandons every reply still owed. Nor is
+        it recorded: there is no key left to seal it with, and clear text is what the
+        erasure removed. Not a ledger fault: the ledger did what it must.
+        """
+        self._counters.erased += 1
+        log.info("obligation %s not sent: its session was erased (%s)", oid, stage)
+        return DeliveryOutcome(status="erased", obligation_id=oid)
 
     def _record_failed(self, oid: str, waiter: asyncio.Future[None], error: BaseException) -> None:
         """On the loop: a reply's record write failed. Within the deadline ``deliver`` saw
@@ -486,6 +513,11 @@ class Gateway:
             flight.conflicted = True
             await self._report_late(flight, events)
             return False
+        except SessionErased:
+            log.info("obligation %s: %s refused, its session was erased", flight.oid, stage)
+            flight.tracked = False
+            flight.erased = True
+            return False
         except Exception as e:
             self._fault(flight.oid, stage, e)
             if not isinstance(e, TimeoutError):
@@ -518,6 +550,9 @@ class Gateway:
             task = asyncio.get_running_loop().create_task(self._report_late(flight, events))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
+        elif isinstance(error, SessionErased):
+            # Already sent; its result is not recorded: the session was erased meanwhile.
+            log.info("obligation %s: %s not recorded, its session was erased", flight.oid, stage)
         else:
             self._fault(flight.oid, stage, error)
 
@@ -528,6 +563,9 @@ class Gateway:
             return
         try:
             late = await self.writer.call(record_results, self.ledger, flight.oid, results)
+        except SessionErased:
+            log.info("obligation %s: late result not recorded, session erased", flight.oid)
+            return
         except Exception as e:
             self._fault(flight.oid, "late result", e)
             return
@@ -561,6 +599,8 @@ class Gateway:
                     ),
                 )
                 await self._write(flight, f"part {part.index} delivered")
+                if flight.erased:
+                    return self._erased(flight.oid, f"after part {part.index}")
                 if flight.conflicted:
                     # Claimed by another gateway mid-reply: fenced out, send no more parts.
                     log.info("obligation %s superseded after part %d", flight.oid, part.index)
@@ -656,7 +696,11 @@ class Gateway:
             )
         await self._write(flight, "failed")
         self._counters.failed += 1
-        delay = None if flight.conflicted else self._retry_delay(flight, error_class, retry_after)
+        delay = (
+            None
+            if flight.conflicted or flight.erased
+            else self._retry_delay(flight, error_class, retry_after)
+        )
         if delay is not None:
             self._counters.retries_scheduled += 1
             self.scheduler.schedule(
@@ -690,7 +734,7 @@ class Gateway:
 
     async def _retry(self, flight: _Flight) -> None:
         agg = flight.agg
-        if flight.conflicted:
+        if flight.conflicted or flight.erased:
             log.info("obligation %s not retried: another writer took it", flight.oid)
             return
         if flight.tracked:
@@ -700,7 +744,9 @@ class Gateway:
             except LedgerError as e:
                 log.info("obligation %s not retried: %s", flight.oid, type(e).__name__)
                 return
-            if not await self._write(flight, "attempting") and flight.conflicted:
+            if not await self._write(flight, "attempting") and (flight.conflicted or flight.erased):
+                if flight.erased:
+                    self._erased(flight.oid, "retry")
                 return
         else:
             agg.arrived_before_this_send = True  # best-effort copy: assume it may have arrived

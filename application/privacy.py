@@ -4,7 +4,9 @@ Personal fields are sealed by the store's mapper (``infrastructure/private_mappe
 under one data key per session key. ``forget_session`` destroys that key: every event
 still replays, with ``[erased]`` where the personal data was, and every unresolved
 obligation of the session is abandoned with reason ``erased`` instead of being sent.
-See ADR 0012 for what this guarantees and what it cannot.
+See ADR 0012 for what this guarantees and what it cannot, and ADR 0028 for writes that
+race an erasure (refused with ``SessionErased``) and for cleanup that a reader keeps from
+finishing (left pending, finished by the next erasure or ``finish_erasure_cleanup``).
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ from gateway_ledger.domain.erasure import Erasure
 from gateway_ledger.domain.errors import InvalidInput
 from gateway_ledger.domain.obligation import DeliveryObligation
 from gateway_ledger.domain.session import Session
-from gateway_ledger.domain.session_route import SessionRoute
-from gateway_ledger.domain.session_source import PERSONAL_FIELDS
+from gateway_ledger.domain.session_route import InboundMessage, SessionKeying, SessionRoute
+from gateway_ledger.domain.session_source import PERSONAL_FIELDS, TRUST_FLAGS
 from gateway_ledger.domain.values import AbandonReason, require_clear_text, require_text
 from gateway_ledger.infrastructure.private_mapper import (
     ERASED,
+    InClear,
     PrivacyPolicy,
     SealedEvent,
     SealedSnapshot,
@@ -41,9 +44,26 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway_ledger.privacy")
 
-__all__ = ["DELIVERY_PRIVACY", "ERASED", "SESSION_PRIVACY", "ErasureReport", "forget_session"]
+__all__ = [
+    "CLEANUP_PENDING_NOTE",
+    "DELIVERY_PRIVACY",
+    "ERASED",
+    "SESSION_PRIVACY",
+    "ErasureReport",
+    "finish_erasure_cleanup",
+    "forget_session",
+]
+
+CLEANUP_PENDING_NOTE = (
+    "cleanup pending: an open reader or transaction kept an old copy of the destroyed key "
+    "in the store's files (SQLite WAL, or PostgreSQL's key table before VACUUM FULL); the "
+    "key can no longer be used, and the next `gateway-ledger sessions forget`, or "
+    "`gateway-ledger sessions forget --finish`, removes the copy"
+)
+"""What an operator is told when an erasure's cleanup was left for later (ADR 0028)."""
 
 _Obligation: Any = DeliveryObligation  # its event classes are made at runtime
+_Erasure: Any = Erasure
 
 DELIVERY_PRIVACY = PrivacyPolicy(
     SealedEvent(
@@ -59,14 +79,33 @@ DELIVERY_PRIVACY = PrivacyPolicy(
             "target.reply_to",
         ),
         subject_from="session_key",
+        clear=("obligation_id", "target.platform", "owner"),
     ),
-    SealedEvent(_Obligation.Delivered, ("receipt",)),
-    SealedEvent(_Obligation.Failed, ("error",)),
-    SealedEvent(_Obligation.Abandoned, ("detail",)),
-    SealedEvent(_Obligation.LateResultReported, ("receipt", "error")),
+    InClear(_Obligation.Attempting, ("by", "fence", "guard")),
+    SealedEvent(_Obligation.PartDelivered, ("receipt",), clear=("by", "index", "fence")),
+    SealedEvent(_Obligation.Delivered, ("receipt",), clear=("by", "fence")),
+    SealedEvent(
+        _Obligation.Failed, ("error",), clear=("by", "classification", "retry_after", "fence")
+    ),
+    SealedEvent(
+        _Obligation.LateResultReported,
+        ("receipt", "error"),
+        clear=("by", "outcome", "classification", "part", "fence", "current_fence", "late"),
+    ),
+    InClear(
+        _Obligation.Claimed, ("by", "previous_owner", "recovery_attempt", "needs_marker", "fence")
+    ),
+    InClear(_Obligation.RetryRequested, ("by", "previous_owner", "requested_by", "fence")),
+    SealedEvent(_Obligation.Abandoned, ("detail",), clear=("reason", "by")),
+    InClear(
+        _Erasure.SubjectErased,
+        ("subject_id", "by", "requested_by", "destroyed_keys", "abandoned", "sessions"),
+    ),
 )
-"""Personal: what was said, to whom, where, and what the platform echoed back.
-In clear: obligation id, states, times, attempts, fence, platform, owner, error class."""
+"""Personal: what was said, to whom, where, and what the platform echoed back (every
+receipt: whole replies, parts, late results). In clear: obligation id, states, times,
+attempts, fences, platform, owners (the gateway's identity), error class, operator labels,
+and the erasure records (subject ids are keyed hashes)."""
 
 _Session: Any = Session
 _Route: Any = SessionRoute
@@ -74,10 +113,35 @@ _Route: Any = SessionRoute
 SOURCE_FIELDS = tuple(f"source.{name}" for name in PERSONAL_FIELDS)
 """Who and where, in a SessionSource. In clear: platform, chat_type, is_bot, profile."""
 
+_Inbound: Any = InboundMessage
+_Keying: Any = SessionKeying
+SOURCE_CLEAR = tuple(
+    f"source.{name}" for name in ("platform", "chat_type", "is_bot", "profile", *TRUST_FLAGS)
+)
+"""In clear in a SessionSource (the trust flags are never stored at all)."""
+
 SESSION_PRIVACY = PrivacyPolicy(
-    SealedEvent(_Session.Started, ("key", *SOURCE_FIELDS), subject_from="key"),
-    SealedEvent(_Session.MessageAppended, ("content", "platform_message_id"), state_free=True),
-    SealedEvent(_Route.Opened, ("key",), subject_from="key"),
+    SealedEvent(
+        _Session.Started,
+        ("key", *SOURCE_FIELDS),
+        subject_from="key",
+        clear=("session_id", "previous_session_id", "started_reason", *SOURCE_CLEAR),
+    ),
+    SealedEvent(
+        _Session.MessageAppended,
+        ("content", "platform_message_id"),
+        state_free=True,
+        clear=("seq", "role"),
+    ),
+    InClear(_Session.ResumeMarked, ("reason",)),
+    InClear(_Session.ResumeCleared),
+    InClear(_Session.Suspended),
+    InClear(_Session.Reset, ("reason", "successor_session_id")),
+    SealedEvent(_Route.Opened, ("key",), subject_from="key", clear=("session_id",)),
+    InClear(_Route.Rotated, ("previous_session_id", "session_id", "reason")),
+    # Keyed hashes of the chat and message ids only (ADR 0013).
+    InClear(_Inbound.Seen, ("platform", "chat_scope", "platform_message_id", "session_id", "seq")),
+    InClear(_Keying.Established, ("mode",)),
     SealedSnapshot(Session, ("key", *SOURCE_FIELDS)),
     SealedSnapshot(SessionRoute, ("key",)),
 )
@@ -100,6 +164,9 @@ class ErasureReport:
     erased_at: datetime
     wal_truncated: bool | None
     sessions: tuple[str, ...] = ()
+    cleanup_pending: bool = False
+    """An old copy of the destroyed key may remain in the store's files until the next
+    erasure or ``finish_erasure_cleanup`` (a reader held them; ADR 0028)."""
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -110,6 +177,7 @@ class ErasureReport:
             "sessions": list(self.sessions),
             "erased_at": self.erased_at.isoformat(),
             "wal_truncated": self.wal_truncated,
+            "cleanup_pending": self.cleanup_pending,
         }
 
 
@@ -137,9 +205,11 @@ def forget_in_ledger(
     abandoned = _abandon_unresolved(ledger, subject)
     destroyed = mapper.keyring.destroy(subject)
     truncated = getattr(mapper.keyring.table, "last_checkpoint_complete", None)
+    pending = bool(getattr(mapper.keyring.table, "cleanup_pending", False))
     if sessions is not None:
         ring = sessions.private_mapper.keyring
         destroyed += [k for k in ring.destroy(ring.subject_id(session_key)) if k not in destroyed]
+        pending = pending or bool(getattr(ring.table, "cleanup_pending", False))
         other = getattr(ring.table, "last_checkpoint_complete", None)
         truncated = (
             None
@@ -166,7 +236,10 @@ def forget_in_ledger(
         erased_at=erasure.erased_at,
         wal_truncated=truncated,
         sessions=tuple(session_ids),
+        cleanup_pending=pending,
     )
+    if pending:
+        log.warning("subject %s erased; %s", subject, CLEANUP_PENDING_NOTE)
     log.info(
         "subject %s erased: %d key(s) destroyed, %d obligation(s) abandoned, %d session(s)",
         subject,
@@ -297,3 +370,28 @@ def forget_session(
         ledger.close()
         if session_store is not None:
             session_store.close()
+
+
+def finish_erasure_cleanup(location: str | Path, *, sessions: str | Path | None = None) -> bool:
+    """Finish what earlier erasures left pending in the store at ``location`` (and in the
+    session store at ``sessions``, if it lives elsewhere): the WAL truncation on SQLite,
+    ``VACUUM FULL`` of the key table on PostgreSQL. True when nothing is pending any more.
+
+    Like the erasure, it waits about a second at most for a reader to let go, so it can
+    run from cron without holding the gateway's writers off (ADR 0028).
+    """
+    from gateway_ledger.application.ledger import DeliveryLedger
+
+    ledger = DeliveryLedger.open(location)
+    try:
+        done = ledger.private_mapper.keyring.table.finish_cleanup()
+    finally:
+        ledger.close()
+    if sessions is not None:
+        store = open_sessions_for_erasure(sessions, required=True)
+        assert store is not None
+        try:
+            done = store.private_mapper.keyring.table.finish_cleanup() and done
+        finally:
+            store.close()
+    return done

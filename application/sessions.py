@@ -36,7 +36,13 @@ from gateway_ledger.application.session_views import (
     SessionContext,
     TranscriptMessage,
 )
-from gateway_ledger.domain.errors import ConcurrentUpdate, IllegalTransition, InvalidInput, NotFound
+from gateway_ledger.domain.errors import (
+    ConcurrentUpdate,
+    IllegalTransition,
+    InvalidInput,
+    NotFound,
+    SessionErased,
+)
 from gateway_ledger.domain.hashing import KeyedHasher
 from gateway_ledger.domain.session import (
     MessageAppended,
@@ -327,7 +333,7 @@ class SessionStore(PrivateEvents, Application[UUID]):
             if route is None:
                 session = self._new_session(key, source, now)
                 route = SessionRoute.open(key=key, session_id=session.session_id, now=now)
-                if not self._try_save(route, session):
+                if not self._try_save(route, session, starts_afresh=True):
                     continue  # another process opened this key first: join its session
                 log.info("session %s opened", session.session_id)
                 return self._context(key, session, source, is_new=True)
@@ -404,7 +410,7 @@ class SessionStore(PrivateEvents, Application[UUID]):
         successor = self._new_session(key, source, now, session.session_id, reason)
         session.reset(reason=reason, successor_session_id=successor.session_id, now=now)
         route.rotate(session_id=successor.session_id, reason=reason, now=now)
-        if not self._try_save(route, session, successor):
+        if not self._try_save(route, session, successor, starts_afresh=True):
             return None
         log.info(
             "session %s reset (%s); continues in %s",
@@ -632,12 +638,23 @@ class SessionStore(PrivateEvents, Application[UUID]):
         assert isinstance(session, Session)
         return session
 
-    def _try_save(self, *aggregates: Aggregate) -> bool:
-        """Save atomically; False if another writer got there first (caller reloads)."""
+    def _try_save(self, *aggregates: Aggregate, starts_afresh: bool = False) -> bool:
+        """Save atomically; False if another writer got there first (caller reloads).
+
+        ``starts_afresh``: the save starts a new session. If the key's data key was
+        destroyed meanwhile (an erasure in another process, ``SessionErased``), it is
+        forgotten here by now, and the caller's retry seals the new session under a new
+        key: a message that arrives after an erasure is new data (ADRs 0012, 0028).
+        """
         try:
             self.save(*aggregates)
         except IntegrityError:
             log.debug("lost a race on %s; reloading", [type(a).__name__ for a in aggregates])
+            return False
+        except SessionErased:
+            if not starts_afresh:
+                raise
+            log.info("session key erased meanwhile; the new session starts a new key")
             return False
         return True
 

@@ -82,3 +82,20 @@ class ConflictingRecord(LedgerError):
             f"obligation {ident} is recorded already with another {', '.join(fields)}; "
             "the first record stands and nothing was appended"
         )
+
+
+class SessionErased(LedgerError):
+    """A session's data key was destroyed (``sessions forget``, maybe in another process)
+    while this process still held it: a write sealed with it is refused, nothing appended.
+
+    Data sealed under a key belongs to that key's period of the session; once the key is
+    gone that period is erased and takes no more data (ADR 0028). The destroyed key is
+    forgotten here too, so a later write for the session starts a new key.
+    """
+
+    def __init__(self, subject_ids: tuple[str, ...]) -> None:
+        self.subject_ids = tuple(subject_ids)
+        super().__init__(
+            f"subject(s) {', '.join(self.subject_ids)} erased while this write was sealed "
+            "with their key; nothing was written"
+        )

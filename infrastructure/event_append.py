@@ -17,7 +17,9 @@ A subject seen for the first time gets its data key in the same transaction as t
 events sealed with it (``KeyRing.writing_new_keys``, ADR 0017): no separate key write,
 and never a sealed event whose key was not stored. If another process stored a key for
 the same subject in between, the transaction is rolled back and the events are sealed
-again with that key.
+again with that key. If a key the events were sealed with was destroyed by an erasure
+(``sessions forget``, maybe in another process), the transaction is rolled back and
+``SessionErased`` raised (ADR 0028).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from eventsourcing.persistence import (
 )
 from eventsourcing.sqlite import SQLiteApplicationRecorder
 
-from gateway_ledger.infrastructure.key_table import insert_staged_keys
+from gateway_ledger.infrastructure.key_table import insert_staged_keys, require_live_keys
 from gateway_ledger.infrastructure.keyring import KeyRing, StagedKeys
 
 Append = Callable[[Sequence[Any]], None]
@@ -101,8 +103,11 @@ class SQLiteAppender:
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 try:
-                    if staged is not None and staged.rows:
-                        insert_staged_keys(conn.cursor(), staged.rows)
+                    if staged is not None:
+                        cursor = conn.cursor()
+                        require_live_keys(cursor, staged.used)  # SessionErased: roll back
+                        if staged.rows:
+                            insert_staged_keys(cursor, staged.rows)
                     conn.executemany(self.statement, rows)
                     conn.execute("COMMIT")
                 except BaseException:

@@ -23,7 +23,9 @@ costs the event loop nothing more: only a failure is reported back (``on_error``
 
 If the group's save fails on optimistic concurrency (``IntegrityError``), the writer does
 not know which obligation conflicted, so it saves each job alone: the innocent ones land,
-the conflicting one gets :class:`ConcurrentUpdate`. Other errors (locked, full, corrupt
+the conflicting one gets :class:`ConcurrentUpdate`. If it fails because a session was
+erased meanwhile (``SessionErased``, ADR 0028), the jobs of the erased sessions get that
+error and the others are committed again without them. Other errors (locked, full, corrupt
 database) fail the whole group: the callers treat that as a ledger fault and send anyway.
 """
 
@@ -44,7 +46,7 @@ import attrs
 from eventsourcing.application import Application
 from eventsourcing.persistence import IntegrityError
 
-from gateway_ledger.domain.errors import ConcurrentUpdate, LedgerError
+from gateway_ledger.domain.errors import ConcurrentUpdate, LedgerError, SessionErased
 from gateway_ledger.infrastructure.event_append import Append, appender_for
 from gateway_ledger.infrastructure.loop_waker import LoopWaker, close_wakers, waker_for
 
@@ -352,6 +354,9 @@ class GroupCommitWriter:
                 if self._admissible(job, set()):
                     self._commit_alone(job)
             return
+        except SessionErased as erased:
+            self._refuse_erased(ready, erased)
+            return
         except Exception as e:
             self._fail(ready, e)
             return
@@ -369,11 +374,28 @@ class GroupCommitWriter:
         )
         return False
 
+    def _refuse_erased(self, jobs: list[_Job], erased: SessionErased) -> None:
+        """Refuse the jobs of the erased sessions; commit the others again as a group."""
+        subject_of = getattr(self.app.mapper, "subject_of", None)
+        gone = set(erased.subject_ids)
+        refused: list[_Job] = []
+        rest: list[_Job] = []
+        for job in jobs:
+            subjects = {subject_of(e.originator_id) for e in job.events} if subject_of else gone
+            (refused if subjects & gone else rest).append(job)
+        if not refused:  # cannot tell whose it was: refuse them all rather than loop
+            refused, rest = rest, []
+        self._settle(refused, erased)
+        if rest:
+            self._commit_group(rest)
+
     def _commit_alone(self, job: _Job) -> None:
         try:
             self._save(job.events)
         except IntegrityError:
             self._conflict(job)
+        except SessionErased as erased:
+            self._settle([job], erased)
         except Exception as e:
             self._fail([job], e)
         else:

@@ -5,6 +5,10 @@ session key), and the key wrapped by the master key. Destroying a subject delete
 rows so that no copy survives in the store's files: on SQLite with ``secure_delete``
 and a WAL checkpoint that truncates the log; on PostgreSQL with ``VACUUM FULL``, which
 rewrites the table (the server's WAL and backups are outside our reach, see ADR 0012).
+That cleanup never holds the store's writers off for more than about a second: a reader
+that keeps SQLite from truncating its WAL, or a transaction that keeps ``VACUUM FULL``
+from its lock, leaves it pending, marked in the meta table, and the next erasure or
+``finish_cleanup`` completes it (ADR 0028). The key itself is gone at once either way.
 
 A new subject's key row is inserted in the same transaction as the events sealed with it:
 by the group-commit writer's appender on SQLite (ADR 0017), and by the applications'
@@ -21,11 +25,21 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
+
+from gateway_ledger.domain.errors import SessionErased
 
 KEYS_TABLE = "gateway_ledger_subject_keys"
 META_TABLE = "gateway_ledger_privacy_meta"
+CLEANUP_PENDING = "erasure_cleanup_pending"
+"""Meta row present while an erasure's cleanup (WAL truncation, VACUUM FULL) is owed."""
+CLEANUP_TRIES = 20
+CLEANUP_PAUSE = 0.05
+"""SQLite: WAL truncation is tried this often, this far apart (about a second in all),
+never waiting on a lock in between."""
+VACUUM_LOCK_TIMEOUT = "1s"
+"""PostgreSQL: how long ``VACUUM FULL`` may wait for its lock (writers queue behind it)."""
 SQLITE_INSERT_KEY = (
     f"INSERT OR IGNORE INTO {KEYS_TABLE} (subject_id, key_id, wrapped, created_at) "
     "VALUES (?, ?, ?, ?)"
@@ -47,6 +61,40 @@ def insert_staged_keys(cursor: sqlite3.Cursor, rows: Sequence[tuple[Any, ...]]) 
         raise KeyRaceLost
 
 
+def erased_among(used: Mapping[str, str], stored: Iterable[tuple[str, str]]) -> None:
+    """Raise ``SessionErased`` for each subject whose key ``used`` (subject -> key id) is
+    not among the ``stored`` (subject, key id) rows read in the writer's transaction."""
+    gone = set(used)
+    for subject, key_id in stored:
+        if used.get(subject) == key_id:
+            gone.discard(subject)
+    if gone:
+        raise SessionErased(tuple(sorted(gone)))
+
+
+def require_live_keys(cursor: sqlite3.Cursor, used: Mapping[str, str]) -> None:
+    """In the caller's write transaction: every key the events were sealed with is still
+    stored (one primary-key lookup per 500 subjects), else ``SessionErased`` and the
+    caller rolls back. ``BEGIN IMMEDIATE`` serialises this with an erasure's DELETE, so
+    a key destroyed before the commit is always seen (ADR 0028)."""
+    if not used:
+        return
+    subjects = sorted(used)
+    if len(subjects) == 1:
+        rows = cursor.execute(
+            f"SELECT subject_id, key_id FROM {KEYS_TABLE} WHERE subject_id=?", subjects
+        ).fetchall()
+    else:
+        rows = []
+        for chunk in _chunks(subjects):
+            marks = ", ".join("?" * len(chunk))
+            rows += cursor.execute(
+                f"SELECT subject_id, key_id FROM {KEYS_TABLE} WHERE subject_id IN ({marks})",
+                chunk,
+            ).fetchall()
+    erased_among(used, rows)
+
+
 def _chunks(items: Sequence[str], size: int = 500) -> Iterator[list[str]]:
     for start in range(0, len(items), size):
         yield list(items[start : start + size])
@@ -61,6 +109,7 @@ class KeyTable(Protocol):
     def get_many(self, subject_ids: Sequence[str]) -> dict[str, tuple[str, bytes]]: ...
     def insert(self, key_id: str, subject_id: str, wrapped: bytes, created_at: str) -> bool: ...
     def destroy(self, subject_id: str) -> list[str]: ...
+    def finish_cleanup(self) -> bool: ...
     def rows(self) -> list[tuple[str, str, bytes]]: ...
     def originators_mentioning(self, topics: Sequence[str], needle: bytes) -> list[str]: ...
     def close(self) -> None: ...
@@ -89,6 +138,8 @@ class SQLiteKeyTable(_OwnConnection):
         self._conn: sqlite3.Connection | None = None
         self._lock = threading.Lock()
         self.last_checkpoint_complete: bool | None = None
+        self.cleanup_pending = False
+        """After ``destroy`` or ``finish_cleanup``: a copy of a destroyed key may remain."""
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
@@ -192,7 +243,8 @@ class SQLiteKeyTable(_OwnConnection):
         return changed == 1
 
     def destroy(self, subject_id: str) -> list[str]:
-        """Delete, zero the freed space, and truncate the WAL that still held the old page."""
+        """Delete, zero the freed space, and truncate the WAL that still held the old page
+        (or leave that pending, if a reader keeps it: see ``finish_cleanup``)."""
         with self._lock:
             conn = self._connection()
             conn.execute("PRAGMA synchronous=FULL")
@@ -212,18 +264,52 @@ class SQLiteKeyTable(_OwnConnection):
                 conn.execute("COMMIT")
             finally:
                 conn.execute("PRAGMA synchronous=NORMAL")
-            self.last_checkpoint_complete = self._checkpoint(conn)
+            self._clean_up(conn)
         return ids
 
-    @staticmethod
-    def _checkpoint(conn: sqlite3.Connection, tries: int = 50) -> bool:
-        """TRUNCATE needs a moment without readers; retry briefly, report whether it ran."""
-        for _ in range(tries):
-            busy, _log, _done = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-            if busy == 0:
-                return True
-            time.sleep(0.02)
-        return False
+    def finish_cleanup(self) -> bool:
+        """Truncate the WAL an earlier erasure could not; True when nothing is pending."""
+        with self._lock:
+            return self._clean_up(self._connection())
+
+    def _clean_up(self, conn: sqlite3.Connection) -> bool:
+        done = self._truncate_wal(conn, CLEANUP_TRIES)
+        marked = (
+            conn.execute(f"SELECT 1 FROM {META_TABLE} WHERE name=?", (CLEANUP_PENDING,)).fetchone()
+            is not None
+        )
+        if done and marked:
+            conn.execute(f"DELETE FROM {META_TABLE} WHERE name=?", (CLEANUP_PENDING,))
+            self._truncate_wal(conn, 1)  # the WAL now holds only the meta page: best effort
+        elif not done and not marked:
+            conn.execute(
+                f"INSERT OR IGNORE INTO {META_TABLE} VALUES (?, ?)",
+                (CLEANUP_PENDING, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())),
+            )
+        self.last_checkpoint_complete = done
+        self.cleanup_pending = not done
+        return done
+
+    def _truncate_wal(self, conn: sqlite3.Connection, tries: int) -> bool:
+        """TRUNCATE needs a moment without readers. Tried without a busy timeout: waiting
+        for readers inside the checkpoint would hold the write lock, and every writer,
+        for as long (10 s a try before ADR 0028). Reports whether it ran."""
+        conn.execute("PRAGMA busy_timeout=0")
+        try:
+            for attempt in range(tries):
+                try:
+                    busy, _log, _done = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+                except sqlite3.OperationalError as e:
+                    if "locked" not in str(e) and "busy" not in str(e):
+                        raise
+                    busy = 1
+                if busy == 0:
+                    return True
+                if attempt < tries - 1:
+                    time.sleep(CLEANUP_PAUSE)
+            return False
+        finally:
+            conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
 
     def rows(self) -> list[tuple[str, str, bytes]]:
         return [
@@ -265,6 +351,8 @@ class PostgresKeyTable(_OwnConnection):
         self.events = sql.Identifier(schema, events_table)
         self._conn: Any = None
         self._lock = threading.Lock()
+        self.cleanup_pending = False
+        """After ``destroy`` or ``finish_cleanup``: the table may still hold a dead tuple."""
 
     def _connection(self) -> Any:
         if self._conn is None or self._conn.closed:
@@ -374,7 +462,8 @@ class PostgresKeyTable(_OwnConnection):
         return count == 1
 
     def destroy(self, subject_id: str) -> list[str]:
-        """Delete durably, then rewrite the table so no dead tuple keeps the wrapped key."""
+        """Delete durably, then rewrite the table so no dead tuple keeps the wrapped key
+        (or leave that pending, if the table's lock is not free within a second)."""
         sql = self.sql
         with self._lock:
             conn = self._connection()
@@ -387,10 +476,41 @@ class PostgresKeyTable(_OwnConnection):
                     (subject_id,),
                 )
                 ids = [str(r[0]) for r in cur.fetchall()]
-                conn.execute(sql.SQL("VACUUM FULL {}").format(self.keys))
+                self._clean_up(conn)
             finally:
                 conn.execute("SET synchronous_commit TO OFF")
         return ids
+
+    def finish_cleanup(self) -> bool:
+        """Rewrite the table an earlier erasure could not; True when nothing is pending."""
+        with self._lock:
+            return self._clean_up(self._connection())
+
+    def _clean_up(self, conn: Any) -> bool:
+        """``VACUUM FULL`` needs an exclusive lock, and every writer of the table queues
+        behind it while it waits: it waits a second at most, then it is left pending."""
+        import psycopg
+
+        sql = self.sql
+        conn.execute(sql.SQL("SET lock_timeout TO {}").format(sql.Literal(VACUUM_LOCK_TIMEOUT)))
+        try:
+            conn.execute(sql.SQL("VACUUM FULL {}").format(self.keys))
+            done = True
+        except psycopg.errors.LockNotAvailable:
+            done = False
+        finally:
+            conn.execute("RESET lock_timeout")
+        if done:
+            conn.execute(
+                sql.SQL("DELETE FROM {} WHERE name=%s").format(self.meta), (CLEANUP_PENDING,)
+            )
+        else:
+            conn.execute(
+                sql.SQL("INSERT INTO {} VALUES (%s, %s) ON CONFLICT DO NOTHING").format(self.meta),
+                (CLEANUP_PENDING, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())),
+            )
+        self.cleanup_pending = not done
+        return done
 
     def rows(self) -> list[tuple[str, str, bytes]]:
         _, rows = self._run(

@@ -18,7 +18,7 @@ from typing import Any
 from eventsourcing.persistence import StoredEvent
 from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteCursor
 
-from gateway_ledger.infrastructure.key_table import insert_staged_keys
+from gateway_ledger.infrastructure.key_table import insert_staged_keys, require_live_keys
 from gateway_ledger.infrastructure.keyring import StagedKeys
 
 
@@ -46,14 +46,29 @@ class KeyStaging:
         staged: StagedKeys | None = getattr(self._staging, "keys", None)
         return staged.rows if staged is not None else ()
 
+    def staged_used(self) -> dict[str, str]:
+        """The stored keys (subject -> key id) this thread's events were sealed with."""
+        staged: StagedKeys | None = getattr(self._staging, "keys", None)
+        return staged.used if staged is not None else {}
+
 
 class KeyedSQLiteApplicationRecorder(KeyStaging, SQLiteApplicationRecorder):
-    """Inserts this thread's staged key rows before the events."""
+    """Inserts this thread's staged key rows before the events, then checks that the
+    stored keys the events were sealed with are still there (ADR 0028).
+
+    The check comes after the first write: the library opens a deferred ``BEGIN``, and a
+    read first would make the write an upgrade that fails at once ("database is locked",
+    no busy wait) whenever another connection committed in between. Once this connection
+    writes it holds the write lock, so the check reads the latest state.
+    """
 
     def _insert_events(
         self, c: SQLiteCursor, stored_events: Sequence[StoredEvent], **kwargs: Any
     ) -> Sequence[int] | None:
+        # KeyRaceLost or SessionErased: the library's transaction rolls back.
         rows = self.staged_rows()
-        if rows:  # KeyRaceLost: the library's transaction rolls back
+        if rows:
             insert_staged_keys(c.sqlite_cursor, rows)
-        return super()._insert_events(c, stored_events, **kwargs)
+        ids = super()._insert_events(c, stored_events, **kwargs)
+        require_live_keys(c.sqlite_cursor, self.staged_used())
+        return ids

@@ -3,8 +3,9 @@
 A subject is one session key, named in the store only by a keyed hash (``subject_id``),
 so neither the key table nor an event envelope holds the session key itself. Unwrapped
 keys are cached per process for ``GATEWAY_LEDGER_KEY_CACHE_TTL`` seconds (default 60):
-after an erasure elsewhere, this process stops using the destroyed key within that time
-(ADR 0012 discusses the window).
+after an erasure elsewhere, this process stops using the destroyed key within that time,
+and a write sealed with it meanwhile is refused by its own transaction (``SessionErased``,
+ADR 0028), which makes every key ring here forget the key at once.
 
 A writer that stores events in a transaction of its own can create the keys they need
 in that same transaction (:meth:`KeyRing.writing_new_keys`): the new key is usable at
@@ -31,7 +32,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from eventsourcing.persistence import OperationalError
 
-from gateway_ledger.domain.errors import InvalidInput, LedgerError
+from gateway_ledger.domain.errors import InvalidInput, LedgerError, SessionErased
 from gateway_ledger.infrastructure.key_table import KeyRaceLost, KeyTable
 from gateway_ledger.infrastructure.master_key import derive, load_master_key, read_master_key
 from gateway_ledger.infrastructure.randomness import shared_pool
@@ -61,11 +62,14 @@ NewKeyRow = tuple[str, str, bytes, str]
 
 
 class StagedKeys:
-    """Keys created inside one writer's transaction: usable by it, cached after commit."""
+    """Keys created inside one writer's transaction: usable by it, cached after commit;
+    and the stored keys it sealed with (``used``: subject -> key id), which the
+    transaction checks are still there (ADR 0028)."""
 
     def __init__(self) -> None:
         self.keys: dict[str, tuple[str, AESGCM]] = {}
         self.rows: list[NewKeyRow] = []
+        self.used: dict[str, str] = {}
 
 
 def cache_ttl_from_env() -> float:
@@ -201,10 +205,12 @@ class KeyRing:
 
     def sealing_key(self, subject_id: str) -> tuple[str, AESGCM]:
         """The subject's current data key, created (and stored wrapped) on first use."""
+        staged: StagedKeys | None = getattr(self._staged, "keys", None)
         hot = self._sealing.get(subject_id)
         if hot is not None and hot[0] > time.monotonic():
+            if staged is not None:
+                staged.used[subject_id] = hot[1]
             return hot[1], hot[2]
-        staged: StagedKeys | None = getattr(self._staged, "keys", None)
         if staged is not None and subject_id in staged.keys:
             return staged.keys[subject_id]
         table = self.table
@@ -225,6 +231,8 @@ class KeyRing:
         if row is not None:
             key_id, wrapped = row
             aead = AESGCM(self._unwrap_key(key_id, subject_id, wrapped))
+            if staged is not None:
+                staged.used[subject_id] = key_id
         self._cache(subject_id, key_id, aead)
         return key_id, aead
 
@@ -250,7 +258,9 @@ class KeyRing:
 
         ``write`` raises :class:`KeyRaceLost` when a key row was ignored because another
         writer stored that subject's key meanwhile; it runs again, and the mapping then
-        finds the stored key (one key per subject).
+        finds the stored key (one key per subject). It raises ``SessionErased`` when a
+        stored key it sealed with was destroyed meanwhile (``StagedKeys.used``): that is
+        passed on, and the destroyed key is forgotten by every key ring of the process.
         """
         for _ in range(KEY_RACE_RETRIES):
             staged = StagedKeys()
@@ -259,6 +269,11 @@ class KeyRing:
                 result = write(staged)
             except KeyRaceLost:
                 continue
+            except SessionErased as erased:
+                for subject_id in erased.subject_ids:
+                    evict_everywhere(subject_id, [staged.used.get(subject_id, "")])
+                log.info("write refused: %d subject(s) erased meanwhile", len(erased.subject_ids))
+                raise
             finally:
                 self._staged.keys = None
             self.adopt(staged)
@@ -312,8 +327,7 @@ class KeyRing:
     def destroy(self, subject_id: str) -> list[str]:
         """Delete every key of the subject from the store and from every cache here."""
         destroyed = self.table.destroy(subject_id)
-        for ring in list(_keyrings):
-            ring.evict(subject_id, destroyed)
+        evict_everywhere(subject_id, destroyed)
         log.info("destroyed %d data key(s) of subject %s", len(destroyed), subject_id)
         return destroyed
 
@@ -339,6 +353,12 @@ class KeyRing:
             raise MasterKeyMismatch(
                 f"data key {key_id} does not open with this master key"
             ) from None
+
+
+def evict_everywhere(subject_id: str, key_ids: list[str]) -> None:
+    """Forget the subject's keys in every key ring of this process."""
+    for ring in list(_keyrings):
+        ring.evict(subject_id, key_ids)
 
 
 def _wrap_aad(key_id: str, subject_id: str) -> bytes:

@@ -18,7 +18,7 @@ from eventsourcing.postgres import PostgresApplicationRecorder
 from psycopg import sql
 
 from gateway_ledger.domain.errors import InvalidInput, NotAStore
-from gateway_ledger.infrastructure.key_table import KEYS_TABLE, KeyRaceLost
+from gateway_ledger.infrastructure.key_table import KEYS_TABLE, KeyRaceLost, erased_among
 from gateway_ledger.infrastructure.keyed_recorder import KeyStaging
 
 _SCHEMA_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
@@ -149,7 +149,10 @@ class KeyedPostgresApplicationRecorder(KeyStaging, PostgresApplicationRecorder):
     The library calls ``_insert_events`` first in that transaction, before it locks the
     events table; a row for a subject whose key another writer stored meanwhile is
     skipped (``ON CONFLICT DO NOTHING``, after waiting for that writer's commit), and
-    ``KeyRaceLost`` rolls the whole transaction back.
+    ``KeyRaceLost`` rolls the whole transaction back. Before that, the stored keys the
+    events were sealed with are read ``FOR KEY SHARE``: an erasure's DELETE of one of
+    them then waits for this commit (and its second pass abandons what it wrote), or it
+    came first and ``SessionErased`` rolls this transaction back (ADR 0028).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -161,6 +164,15 @@ class KeyedPostgresApplicationRecorder(KeyStaging, PostgresApplicationRecorder):
     def _insert_events(
         self, curs: Any, stored_events: Sequence[StoredEvent], **kwargs: Any
     ) -> None:
+        used = self.staged_used()
+        if used:
+            curs.execute(
+                sql.SQL(
+                    "SELECT subject_id, key_id FROM {} WHERE subject_id = ANY(%s) FOR KEY SHARE"
+                ).format(self._keys),
+                (list(used),),
+            )
+            erased_among(used, [_pair(row) for row in curs.fetchall()])
         rows = self.staged_rows()
         if rows:
             curs.execute(
@@ -173,3 +185,9 @@ class KeyedPostgresApplicationRecorder(KeyStaging, PostgresApplicationRecorder):
             if len(curs.fetchall()) != len(rows):
                 raise KeyRaceLost
         super()._insert_events(curs, stored_events, **kwargs)
+
+
+def _pair(row: Any) -> tuple[str, str]:
+    if isinstance(row, Mapping):
+        return str(row["subject_id"]), str(row["key_id"])
+    return str(row[0]), str(row[1])

@@ -3,7 +3,9 @@
 The key is destroyed, unresolved replies are abandoned (reason ``erased``), the open
 conversation is suspended, the erasure is recorded; the history of both the replies and
 the conversations stays, showing ``[erased]``. The session store is looked for in ``--db``
-unless ``--sessions-db`` says where it lives. If a ``sessions`` command already
+unless ``--sessions-db`` says where it lives. A cleanup that an open reader kept from
+finishing (ADR 0028) is said so, and ``sessions forget --finish`` completes it (exit 1 while
+it is still pending). If a ``sessions`` command already
 exists, ``forget`` is added to it; otherwise this module creates ``sessions``.
 """
 
@@ -13,7 +15,11 @@ import argparse
 import json
 import os
 
-from gateway_ledger.application.privacy import forget_session
+from gateway_ledger.application.privacy import (
+    CLEANUP_PENDING_NOTE,
+    finish_erasure_cleanup,
+    forget_session,
+)
 from gateway_ledger.entrypoints.console import usage_error
 from gateway_ledger.infrastructure.store import existing_store_environment
 
@@ -39,7 +45,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "forget",
         help="erase a session's personal data (the audit trail stays, showing [erased])",
     )
-    parser.add_argument("session_key", metavar="KEY", help="the session key to forget")
+    parser.add_argument("session_key", metavar="KEY", nargs="?", help="the session key to forget")
+    parser.add_argument(
+        "--finish",
+        action="store_true",
+        help="finish the cleanup earlier erasures left pending (no KEY); exit 1 if still pending",
+    )
     parser.add_argument(
         "--by",
         default=os.environ.get("USER", ""),
@@ -61,6 +72,12 @@ def run(args: argparse.Namespace) -> int:
     existing_store_environment(args.db, writing=True)
     if args.sessions_db is not None:
         existing_store_environment(args.sessions_db, writing=True)
+    if args.finish:
+        if args.session_key is not None:
+            raise usage_error("--finish takes no KEY")
+        return run_finish(args)
+    if args.session_key is None:
+        raise usage_error("sessions forget needs a KEY (or --finish)")
     report = forget_session(
         args.db, args.session_key, requested_by=args.by, sessions=args.sessions_db
     )
@@ -82,4 +99,20 @@ def run(args: argparse.Namespace) -> int:
         f"{len(report.abandoned)} unresolved reply(ies) abandoned, "
         f"{len(report.sessions)} session(s) erased"
     )
+    if report.cleanup_pending:
+        print(CLEANUP_PENDING_NOTE)
     return 0
+
+
+def run_finish(args: argparse.Namespace) -> int:
+    done = finish_erasure_cleanup(args.db, sessions=args.sessions_db)
+    if args.json:
+        print(json.dumps({"cleanup_pending": not done}))
+    elif done:
+        print("erasure cleanup finished: no copy of a destroyed key is pending")
+    else:
+        print(
+            "erasure cleanup still pending: an open reader or transaction holds the store's "
+            "files; run again once it has finished"
+        )
+    return 0 if done else 1
