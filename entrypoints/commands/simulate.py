@@ -108,7 +108,8 @@ def fault_rows(f: FaultReport) -> list[tuple[str, object]]:
     return [
         (
             "poisoned (delivered before)",
-            f"{f.poisoned}, re-sent {f.poisoned_resent} message(s),"
+            f"{f.poisoned} ({f.poisoned_when or 'not planted'}), re-sent"
+            f" {f.poisoned_resent} message(s),"
             f" {f.poisoned_reported_by_audit} named by the audit",
         ),
         ("quarantined", f"{f.quarantined} ({f.quarantined_source})"),

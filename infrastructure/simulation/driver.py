@@ -137,7 +137,7 @@ class Simulation:
                 self.env = {**os.environ, **LEASE_ENV}
         self.spec_path.write_text(json.dumps(spec))
 
-    def _spawn(self, role: str, index: int) -> subprocess.Popen[bytes]:
+    def spawn(self, role: str, index: int) -> subprocess.Popen[bytes]:
         with open(self.run_dir / f"{role}-{index}.log", "ab") as log_file:
             return subprocess.Popen(
                 [sys.executable, "-m", WORKER_MODULE, str(self.spec_path), role, str(index)],
@@ -146,15 +146,15 @@ class Simulation:
                 env=self.env,
             )
 
-    def _reap(self, procs: list[subprocess.Popen[bytes]]) -> None:
+    def reap(self, procs: list[subprocess.Popen[bytes]]) -> None:
         for proc in procs:
             if proc.wait(timeout=60) != 0:
                 self.report.gateway_failures += 1
 
-    def _done(self, index: int) -> bool:
+    def done(self, index: int) -> bool:
         return (self.run_dir / f"done-{index}").exists()
 
-    def _started_for(self, index: int) -> float:
+    def started_for(self, index: int) -> float:
         """Seconds on the monotonic clock since worker INDEX began delivering (inf if not yet)."""
         marker = self.run_dir / f"started-{index}"
         try:
@@ -172,7 +172,7 @@ class Simulation:
 
     def _run(self) -> Report:
         started = time.monotonic()
-        workers = {i: self._spawn("worker", i) for i in range(self.config.workers)}
+        workers = {i: self.spawn("worker", i) for i in range(self.config.workers)}
         self.workers = workers
         sweepers: list[subprocess.Popen[bytes]] = []
         kills_left = self.config.kills
@@ -183,18 +183,18 @@ class Simulation:
         while True:
             for i, proc in list(workers.items()):
                 code = proc.poll()
-                if code is not None and not self._done(i):
+                if code is not None and not self.done(i):
                     raise RuntimeError(f"simulated worker {i} failed with exit code {code}")
-            if all(self._done(i) for i in workers):
+            if all(self.done(i) for i in workers):
                 break
             now = time.monotonic()
             paused = self.faults.paused_index if self.faults is not None else None
             live = [
                 i
                 for i, p in workers.items()
-                if p.poll() is None and self._started_for(i) + kill_delay <= now and i != paused
+                if p.poll() is None and self.started_for(i) + kill_delay <= now and i != paused
             ]
-            if kills_left and live:
+            if kills_left and live and (self.faults is None or self.faults.may_kill(kills_left)):
                 victim = self.rng.choice(live)
                 os.kill(workers[victim].pid, signal.SIGKILL)
                 workers[victim].wait()  # reaped: a zombie's /proc entry would look alive
@@ -202,10 +202,11 @@ class Simulation:
                 self.report.kills += 1
                 kills_left -= 1
                 if self.faults is not None:
-                    self.faults.after_kill(victim)  # before the restart and sweep see it
+                    # before the restart and its sweeper start, so both meet the fault
+                    self.faults.after_kill(victim, kills_left, f"kill {self.report.kills}")
                 # The replacement and a sweeper start together: two gateways sweep at once.
-                workers[victim] = self._spawn("worker", victim)
-                sweepers.append(self._spawn("sweeper", 100 + self.report.kills))
+                workers[victim] = self.spawn("worker", victim)
+                sweepers.append(self.spawn("sweeper", 100 + self.report.kills))
                 self.report.restarts += 1
                 self.report.sweeper_runs += 1
                 kill_delay = self.rng.uniform(0.1, 0.6)
@@ -215,13 +216,13 @@ class Simulation:
             time.sleep(0.05)
         if self.faults is not None:
             self.faults.finish_mid_run()
-        self._reap(list(workers.values()) + sweepers)  # an exiting owner still looks alive
+        self.reap(list(workers.values()) + sweepers)  # an exiting owner still looks alive
         # Closing time: two gateways sweep the same store at once until nothing is owed.
         for _ in range(8):
             if self._unresolved_count() == 0:
                 break
-            pair = [self._spawn("sweeper", 900 + n) for n in range(2)]
-            self._reap(pair)
+            pair = [self.spawn("sweeper", 900 + n) for n in range(2)]
+            self.reap(pair)
             self.report.sweeper_runs += 2
             self._show(started)
         self.report.seconds = round(time.monotonic() - started, 2)
@@ -229,7 +230,7 @@ class Simulation:
         return self.report
 
     def _show(self, started: float) -> None:
-        done = sum(self._done(i) for i in range(self.config.workers))
+        done = sum(self.done(i) for i in range(self.config.workers))
         self.progress(
             f"{time.monotonic() - started:5.1f}s  kills {self.report.kills}/{self.config.kills}"
             f"  sweeper runs {self.report.sweeper_runs}"
@@ -242,7 +243,7 @@ class Simulation:
             n = 0
             for turn in self.turns:
                 try:
-                    status = ledger.get(self._oid(turn))
+                    status = ledger.get(self.oid(turn))
                 except NotFound:
                     if self.faults is None or not self.faults.is_forgotten(turn.conversation):
                         n += 1
@@ -257,10 +258,10 @@ class Simulation:
             ledger.close()
 
     @staticmethod
-    def _oid(turn: Turn) -> str:
+    def oid(turn: Turn) -> str:
         return compute_obligation_id(turn.session_key, turn.inbound_id, turn.content)
 
-    def _journals(self) -> dict[tuple[str, str, str], list[Received]]:
+    def journals(self) -> dict[tuple[str, str, str], list[Received]]:
         """Every message the platforms received, by (reply_to, kind, identity) of its part."""
         copies: dict[tuple[str, str, str], list[Received]] = {}
         for platform in self.platforms:
@@ -278,6 +279,11 @@ class Simulation:
             for msg in read_journal(journal):
                 r.messages_received += 1
                 copies.setdefault(part_key(msg), []).append(msg)
+        for got in copies.values():
+            # The original is the copy handed to the platform first, not the first to land:
+            # a send stopped mid-flight (SIGSTOP) may land after the marked copy of its
+            # claimer, yet it was sent before the claim and is no re-send.
+            got.sort(key=lambda m: (m.sent_at, m.seq))
         abandoned: Counter[str] = Counter()
         ledger = DeliveryLedger.open(self.db)
         try:
@@ -289,8 +295,8 @@ class Simulation:
                     for kind, ident in turn.expected_parts
                 ]
                 try:
-                    status = ledger.get(self._oid(turn))
-                    history = ledger.history(self._oid(turn))
+                    status = ledger.get(self.oid(turn))
+                    history = ledger.history(self.oid(turn))
                 except NotFound:
                     if self.faults is not None and self.faults.is_forgotten(turn.conversation):
                         self.faults.count_unrecorded(turn)

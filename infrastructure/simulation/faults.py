@@ -275,6 +275,8 @@ class FaultReport:
     poisoned: int = 0
     poisoned_ids: list[str] = attrs.field(factory=list)
     poisoned_events: list[dict[str, Any]] = attrs.field(factory=list)
+    poisoned_when: str = ""
+    """At which kill the poison was planted (the restart and a sweeper then read it)."""
     poisoned_resent: int = 0
     """Messages users received for a poisoned obligation after it was poisoned (it had
     been delivered already): must be 0."""
@@ -334,7 +336,7 @@ Parts = Sequence[Sequence[Received]]
 PAUSE_LIMIT = DEAD_AFTER + 6.0
 """Seconds a paused gateway stays stopped at most, even if the claiming sweep is slow
 (it may wait on a lock the stopped gateway holds)."""
-_PAUSE_TRIES = 30
+_PAUSE_TRIES = 60
 
 
 def tally(parts: Parts) -> tuple[bool, bool, int]:
@@ -369,7 +371,7 @@ class FaultPlan:
         self.pause_sweeper: subprocess.Popen[bytes] | None = None
         self._pause_tries = 0
         self._ledger: DeliveryLedger | None = None
-        self._by_oid = {sim._oid(t): t for t in sim.turns}
+        self._by_oid = {sim.oid(t): t for t in sim.turns}
         self._by_uuid = {str(obligation_uuid(o)): o for o in self._by_oid}
         self._quarantined: set[str] | None = None
         self._claimed_from_paused: set[str] = set()
@@ -384,26 +386,33 @@ class FaultPlan:
     def is_forgotten(self, conversation: int) -> bool:
         return conversation in self.forgotten
 
-    def after_kill(self, victim: int) -> None:
-        if self.steps and self.steps[0] == "forget":
-            self._forget(victim)
-        elif self.steps and self.steps[0] == "poison" and self.pause_done:
-            self._poison()
+    def may_kill(self, kills_left: int) -> bool:
+        """The last kill waits for the poison, which waits for the pause to end."""
+        return kills_left > 1 or "poison" not in self.steps or self.pause_done
+
+    def after_kill(self, victim: int, kills_left: int, when: str) -> None:
+        """Plant the next step at a kill (all that are due when it was the last kill)."""
+        while self.steps:
+            step = self.steps[0]
+            if step == "forget":
+                self._forget(victim)
+            elif self.pause_done and self._poison(when):
+                pass
+            else:
+                return
+            if kills_left > 0:
+                return
 
     def tick(self, kills_left: int) -> None:
         if not self.pause_done:
             self._pause_tick()
-        if kills_left == 0 and self.steps and (self.steps[0] == "forget" or self.pause_done):
-            self.after_kill(-1)
+        if kills_left == 0:
+            self.after_kill(-1, 0, "after the kills")
 
     def finish_mid_run(self) -> None:
         """Every worker is done: plant what found no moment yet (no pause without a worker)."""
         self.pause_done = True
-        while self.steps:
-            before = len(self.steps)
-            self.after_kill(-1)
-            if len(self.steps) == before:
-                break  # nothing delivered to poison
+        self.after_kill(-1, 0, "after the workers finished")
         if not self.eraser.wait(timeout=120):
             self.report.forget_errors.append("an erasure had not returned after 120 s")
 
@@ -432,7 +441,7 @@ class FaultPlan:
     def _status(self, turn: Turn) -> str:
         """'unrecorded', 'unresolved', 'resolved' or 'unreadable'."""
         try:
-            state = self.ledger.get(self.sim._oid(turn)).state
+            state = self.ledger.get(self.sim.oid(turn)).state
         except NotFound:
             return "unrecorded"
         except Exception:
@@ -490,7 +499,7 @@ class FaultPlan:
 
     # -- poison ---------------------------------------------------------------------------------
 
-    def _poison(self) -> None:
+    def _poison(self, when: str) -> bool:
         table = EventTable(self.sim.db, self.ledger.recorder.events_table_name)
         candidates = [
             self._by_uuid[str(u)]
@@ -499,10 +508,10 @@ class FaultPlan:
             and self._by_oid[self._by_uuid[str(u)]].conversation not in self.forgotten
         ]
         if len(candidates) < 2:
-            return  # too early: try at the next moment
+            return False  # too early: try at the next moment
         rng = self.sim.rng
         flipped, unknown = rng.sample(sorted(candidates), 2)
-        copies = self.sim._journals()
+        copies = self.sim.journals()
         for oid, how in ((flipped, "flipped_byte"), (unknown, "unknown_event")):
             turn = self._by_oid[oid]
             before = sum(
@@ -518,6 +527,8 @@ class FaultPlan:
                 )
             self.poisoned[oid] = Poisoned(oid, how, version, topic, before)
         self.steps.remove("poison")
+        self.report.poisoned_when = when
+        return True
 
     # -- pause ----------------------------------------------------------------------------------
 
@@ -531,7 +542,7 @@ class FaultPlan:
             return
         stopped_for = now - p.stopped_at
         if self.pause_sweeper is None and stopped_for >= DEAD_AFTER + 0.5:
-            self.pause_sweeper = self.sim._spawn("sweeper", 500)
+            self.pause_sweeper = self.sim.spawn("sweeper", 500)
             self.sim.report.sweeper_runs += 1
         sweeper = self.pause_sweeper
         if (sweeper is not None and sweeper.poll() is not None) or stopped_for >= PAUSE_LIMIT:
@@ -544,8 +555,8 @@ class FaultPlan:
             i
             for i, proc in sim.workers.items()
             if proc.poll() is None
-            and not sim._done(i)
-            and sim._started_for(i) + 0.2 <= time.monotonic()
+            and not sim.done(i)
+            and sim.started_for(i) + 0.2 <= time.monotonic()
         ]
         if not live:
             return
@@ -572,7 +583,7 @@ class FaultPlan:
         self.pause_done = True
         sweeper, self.pause_sweeper = self.pause_sweeper, None
         if sweeper is not None:
-            self.sim._reap([sweeper])
+            self.sim.reap([sweeper])
 
     # -- counting -------------------------------------------------------------------------------
 
@@ -615,7 +626,7 @@ class FaultPlan:
     def count_unreadable(self, turn: Turn, parts: Parts) -> None:
         """A recorded obligation the ledger cannot load (poisoned, or worse)."""
         r = self.sim.report
-        oid = self.sim._oid(turn)
+        oid = self.sim.oid(turn)
         r.obligations += 1
         missing, _marked, unlabelled = tally(parts)
         r.lost += missing
@@ -635,7 +646,7 @@ class FaultPlan:
         history: list[HistoryEntry],
         parts: Parts,
     ) -> None:
-        oid = self.sim._oid(turn)
+        oid = self.sim.oid(turn)
         if self._quarantined is not None and oid in self._quarantined:
             self._quarantine(oid)
         elif status.state not in ("delivered", "abandoned") or not (
