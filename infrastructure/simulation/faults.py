@@ -292,6 +292,10 @@ class FaultReport:
     forgotten_turns_unrecorded: int = 0
     """Turns of a forgotten conversation that never became an obligation: not asked after
     the erasure, or refused under its destroyed key. Not owed, so not lost."""
+    recorded_after_erasure: int = 0
+    """Obligations of a forgotten session recorded after its erasure returned: written
+    under a destroyed key (a gateway still had it cached). Reported, not judged: what
+    matters to users is whether such a reply is sent as a placeholder (``erased_sent``)."""
     forget_errors: list[str] = attrs.field(factory=list)
     erased_sent: int = 0
     """Messages that carried the erased placeholder, or that a gateway took from the
@@ -360,7 +364,9 @@ class FaultPlan:
 
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
-        self.report: FaultReport = sim.report.faults  # type: ignore[assignment]
+        report = sim.report.faults
+        assert report is not None, "a FaultPlan reports into the run's FaultReport"
+        self.report = report
         self.postgres = is_postgres_url(sim.db)
         self.steps = ["forget", "poison"]
         self.eraser = Eraser(sim.db)
@@ -374,6 +380,7 @@ class FaultPlan:
         self._by_oid = {sim.oid(t): t for t in sim.turns}
         self._by_uuid = {str(obligation_uuid(o)): o for o in self._by_oid}
         self._quarantined: set[str] | None = None
+        self._quarantined_count: int | None = None
         self._claimed_from_paused: set[str] = set()
 
     # -- the driver's hooks ---------------------------------------------------------------------
@@ -600,7 +607,9 @@ class FaultPlan:
         """The ledger's own account of what it quarantined, where it gives one."""
         fallback = "the poisoned obligations the ledger cannot read"
         try:
-            ids = getattr(ledger.stats(), "quarantined_ids", None)
+            stats = ledger.stats()
+            ids = getattr(stats, "quarantined_ids", None)
+            self._quarantined_count = getattr(stats, "quarantined", None)
         except Exception as e:
             self.report.quarantined_source = (
                 f"fallback: stats() failed ({type(e).__name__}); {fallback}"
@@ -663,6 +672,14 @@ class FaultPlan:
                 self._claimed_from_paused.add(oid)
         forgotten = self.forgotten.get(turn.conversation)
         if forgotten is not None:
+            first = history[0] if history else None
+            if (
+                first is not None
+                and first.type == "Recorded"
+                and forgotten.finished_at is not None
+                and first.timestamp.timestamp() > forgotten.finished_at
+            ):
+                self.report.recorded_after_erasure += 1
             self.report.erased_sent_after_forget += sum(
                 1
                 for got in parts
@@ -716,7 +733,8 @@ class FaultPlan:
             for oid in sorted(self._quarantined):
                 self._quarantine(oid)
         f.quarantined_ids.sort()
-        f.quarantined = len(f.quarantined_ids)
+        count = self._quarantined_count  # the ledger's own count, where it gives one
+        f.quarantined = count if isinstance(count, int) else len(f.quarantined_ids)
         f.quarantined_unplanted = sum(1 for q in f.quarantined_ids if q not in self.poisoned)
         f.forgotten = len(self.forgotten)
         f.forgotten_in_flight = sum(len(x.abandoned) for x in self.forgotten.values())
