@@ -185,19 +185,46 @@ def _is_duplicate_key(error: Exception) -> bool:
     return isinstance(error, sqlite3.IntegrityError) or type(error).__name__ == "UniqueViolation"
 
 
-def stalled_transactions(location: str) -> int:
-    """PostgreSQL sessions idle inside a transaction that touched this store's schema for
-    over 100 ms: what a gateway stopped mid-write leaves behind (it holds its locks)."""
-    params = parse_postgres_url(location)
-    with connect(params) as conn:
+def local_ports(pid: int) -> set[int]:
+    """The local TCP ports of a process's sockets (Linux /proc): its database sessions'
+    ``client_port`` in ``pg_stat_activity``."""
+    inodes: set[str] = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return set()
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    ports: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            if len(cols) > 9 and cols[9] in inodes:
+                ports.add(int(cols[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def busy_sessions(location: str, pid: int) -> int:
+    """Database sessions of process ``pid`` inside a transaction or a statement: a gateway
+    stopped now would hold their locks, and every writer of the store would wait."""
+    ports = sorted(local_ports(pid))
+    if not ports:
+        return 0
+    with connect(parse_postgres_url(location)) as conn:
         row = conn.execute(
-            "SELECT COUNT(DISTINCT a.pid) FROM pg_stat_activity a "
-            "JOIN pg_locks l ON l.pid = a.pid "
-            "JOIN pg_class c ON c.oid = l.relation "
-            "JOIN pg_namespace n ON n.oid = c.relnamespace "
-            "WHERE n.nspname = %s AND a.state LIKE 'idle in transaction%%' "
-            "AND a.state_change < now() - interval '100 milliseconds'",
-            (params["schema"],),
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE client_port = ANY(%s) "
+            "AND datname = current_database() AND state IS DISTINCT FROM 'idle'",
+            (ports,),
         ).fetchone()
     return int(row[0]) if row else 0
 
@@ -601,8 +628,8 @@ class FaultPlan:
         if owned == 0 and retry:
             os.kill(pid, signal.SIGCONT)  # nothing of its in flight now: try again later
             return
-        time.sleep(0.15)
-        if stalled_transactions(sim.db) and retry:
+        time.sleep(0.15)  # a statement it sent just before may still be running
+        if busy_sessions(sim.db, pid) and retry:
             # Stopped inside a write transaction, it holds its locks: every gateway's writes
             # would wait for the whole pause. That is another fault than the one measured
             # here (a lease outlived); counted, and the pause is tried again.
