@@ -118,6 +118,7 @@ class Simulation:
         self.platforms = default_platforms(dead)
         self.report = Report(seed=config.seed, db=self.db)
         self.spec_path = self.run_dir / "spec.json"
+        self.workers: dict[int, subprocess.Popen[bytes]] = {}
         spec: dict[str, Any] = {
             "db": self.db,
             "seed": config.seed,
@@ -172,8 +173,8 @@ class Simulation:
 
     def _run(self) -> Report:
         started = time.monotonic()
-        workers = {i: self.spawn("worker", i) for i in range(self.config.workers)}
-        self.workers = workers
+        workers = self.workers
+        workers.update({i: self.spawn("worker", i) for i in range(self.config.workers)})
         sweepers: list[subprocess.Popen[bytes]] = []
         kills_left = self.config.kills
         # Kills are timed from the moment a worker is really delivering (its started-INDEX

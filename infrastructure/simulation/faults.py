@@ -616,27 +616,28 @@ class FaultPlan:
             return
         index = sim.rng.choice(live)
         pid = sim.workers[index].pid
+        stopped_at = time.monotonic()
         os.kill(pid, signal.SIGSTOP)
         self._pause_tries += 1
+        retry = self._pause_tries < _PAUSE_TRIES
+        time.sleep(0.15)  # a statement it sent just before may still be running
+        if busy_sessions(sim.db, pid) and retry:
+            # Stopped inside a transaction, it holds its locks: every gateway's writes (and
+            # this driver's reads below) would wait for the whole pause. That is another
+            # fault than the one measured here (a lease outlived): counted, tried again.
+            self.report.pause_tries_in_transaction += 1
+            os.kill(pid, signal.SIGCONT)
+            return
         try:
             recoverable = self.ledger.recoverable
             recoverable.catch_up()
             owned = sum(1 for e in recoverable.entries() if e.owner.pid == pid)
         except Exception:
             owned = 0
-        retry = self._pause_tries < _PAUSE_TRIES
         if owned == 0 and retry:
             os.kill(pid, signal.SIGCONT)  # nothing of its in flight now: try again later
             return
-        time.sleep(0.15)  # a statement it sent just before may still be running
-        if busy_sessions(sim.db, pid) and retry:
-            # Stopped inside a write transaction, it holds its locks: every gateway's writes
-            # would wait for the whole pause. That is another fault than the one measured
-            # here (a lease outlived); counted, and the pause is tried again.
-            self.report.pause_tries_in_transaction += 1
-            os.kill(pid, signal.SIGCONT)
-            return
-        self.pause = Pause(index=index, pid=pid, stopped_at=time.monotonic(), owned_in_flight=owned)
+        self.pause = Pause(index=index, pid=pid, stopped_at=stopped_at, owned_in_flight=owned)
 
     def _resume(self) -> None:
         p = self.pause
