@@ -118,7 +118,8 @@ def fault_rows(f: FaultReport) -> list[tuple[str, object]]:
             "sessions forgotten",
             f"{f.forgotten}, {f.forgotten_in_flight} reply(ies) in flight,"
             f" {f.forgotten_turns_unrecorded} turn(s) not recorded,"
-            f" {f.recorded_after_erasure} recorded after the erasure",
+            f" {f.recorded_after_erasure} recorded after the erasure;"
+            f" took {', '.join(f'{t} s' for t in f.forget_seconds) or '-'}",
         ),
         ("erased abandoned", f.erased_abandoned),
         (

@@ -341,6 +341,8 @@ class FaultReport:
     under a destroyed key (a gateway still had it cached). Reported, not judged: what
     matters to users is whether such a reply is sent as a placeholder (``erased_sent``)."""
     forget_errors: list[str] = attrs.field(factory=list)
+    forget_seconds: list[float] = attrs.field(factory=list)
+    """How long each erasure took (while it runs, other gateways' writes may wait)."""
     erased_sent: int = 0
     """Messages that carried the erased placeholder, or that a gateway took from the
     store after the session's erasure and sent to its chat: must be 0."""
@@ -796,6 +798,11 @@ class FaultPlan:
         f.forgotten = len(self.forgotten)
         f.forgotten_in_flight = sum(len(x.abandoned) for x in self.forgotten.values())
         f.forget_errors += [x.error for x in self.forgotten.values() if x.error]
+        f.forget_seconds = [
+            round(x.finished_at - x.began_at, 2)
+            for x in self.forgotten.values()
+            if x.finished_at is not None
+        ]
         p = self.pause
         if p is not None:
             f.paused = 1
