@@ -53,5 +53,6 @@ def test_simulate_loses_nothing_and_labels_every_duplicate(seed: int, tmp_path: 
     assert report["obligations"] == 24 * 3
     assert report["kills"] >= 1
     assert report["delivered"] + sum(report["abandoned"].values()) == report["obligations"]
+    assert "erased_sent" not in report and "poisoned" not in report  # --faults adds them
     assert db.exists()  # --db keeps the store
     assert done.stderr == ""  # piped: no progress output

@@ -4,6 +4,10 @@ Gateway worker processes deliver replies to simulated platforms (latency, transi
 errors, rate limits, dead chats, one platform with native idempotency), are killed with
 SIGKILL at random moments and restarted, while extra gateways sweep the same store. The
 report is counted from the ledger and from what the platforms actually received.
+
+``--faults`` adds a poisoned store, erasures mid-run and, on PostgreSQL, a gateway paused
+past its lease (``infrastructure/simulation/faults.py``); the verdict then also needs
+no erased placeholder sent and every obligation accounted for.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import json
 import sys
 
 from gateway_ledger.infrastructure.simulation.driver import Report, Simulation, SimulationConfig
+from gateway_ledger.infrastructure.simulation.faults import FaultReport
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -24,7 +29,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--turns", type=int, default=4, help="replies per conversation")
     parser.add_argument("--workers", type=int, default=3, help="gateway processes")
     parser.add_argument("--kills", type=int, default=8, help="SIGKILLs during the run")
-    parser.add_argument("--db", help="SQLite file to keep the store in (default: temporary)")
+    parser.add_argument(
+        "--db",
+        help="SQLite file or postgresql:// URL to keep the store in (default: temporary file)",
+    )
+    parser.add_argument(
+        "--faults",
+        action="store_true",
+        help="also poison stored events, forget sessions mid-run and (PostgreSQL) pause a gateway",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(handler=run)
 
@@ -37,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
         workers=args.workers,
         kills=args.kills,
         db=args.db,
+        faults=args.faults,
     )
     tty = sys.stderr.isatty()
 
@@ -70,16 +84,65 @@ def run(args: argparse.Namespace) -> int:
         ("throughput", f"{report.obligations_per_second} obligations/s in {report.seconds} s"),
         ("store", report.db),
     ]
+    if report.faults is not None:
+        rows[-3:-3] = fault_rows(report.faults)
     width = max(len(name) for name, _ in rows)
-    print(f"gateway-ledger simulate (seed {report.seed})")
+    print(f"gateway-ledger simulate (seed {report.seed}{', faults' if report.faults else ''})")
     for name, value in rows:
         print(f"  {name:<{width}}  {value}")
-    print(
-        "OK: nothing lost, no unlabelled duplicate, and the history agrees"
-        if report.ok
-        else "FAILED"
-    )
+    if not report.ok:
+        print("FAILED")
+    elif report.faults is None:
+        print("OK: nothing lost, no unlabelled duplicate, and the history agrees")
+    else:
+        print(
+            "OK: nothing lost, no unlabelled duplicate, no erased reply sent, every"
+            " obligation accounted for, and the history agrees"
+        )
     return 0 if report.ok else 1
+
+
+def fault_rows(f: FaultReport) -> list[tuple[str, object]]:
+    """The planted faults and what they did, for the human report."""
+    audit_error = [("audit failed", f.audit_error)] if f.audit_error else []
+    return [
+        (
+            "poisoned (delivered before)",
+            f"{f.poisoned} ({f.poisoned_when or 'not planted'}), re-sent"
+            f" {f.poisoned_resent} message(s),"
+            f" {f.poisoned_reported_by_audit} named by the audit",
+        ),
+        ("quarantined", f"{f.quarantined} ({f.quarantined_source})"),
+        ("quarantined, not poisoned", f.quarantined_unplanted),
+        (
+            "sessions forgotten",
+            f"{f.forgotten}, {f.forgotten_in_flight} reply(ies) in flight,"
+            f" {f.forgotten_turns_unrecorded} turn(s) not recorded,"
+            f" {f.recorded_after_erasure} recorded after the erasure;"
+            f" took {', '.join(f'{t} s' for t in f.forget_seconds) or '-'}",
+        ),
+        ("erased abandoned", f.erased_abandoned),
+        (
+            "erased sent",
+            f"{f.erased_sent} ({f.erased_sent_placeholder} with the placeholder,"
+            f" {f.erased_sent_after_forget} taken from the store after the erasure)",
+        ),
+        *[("forget failed", e) for e in f.forget_errors],
+        (
+            "gateways paused (SIGSTOP)",
+            f"{f.paused} for {f.paused_seconds} s, {f.paused_in_flight} reply(ies) in flight,"
+            f" {f.paused_claimed} claimed by another gateway",
+        ),
+        ("paused gateway's late results", f.paused_late_results),
+        ("late results (all)", f.late_results),
+        ("audit findings the faults explain", sum(f.audit_explained.values())),
+        *audit_error,
+        (
+            "unaccounted",
+            f"{f.unaccounted}"
+            + (f" ({', '.join(f.unaccounted_ids[:5])})" if f.unaccounted else ""),
+        ),
+    ]
 
 
 def audit_line(report: Report) -> str:

@@ -1,5 +1,8 @@
 """Runs a simulation: worker processes killed with SIGKILL and restarted, concurrent
-sweepers, then a report counted from the ledger and from what the platforms received."""
+sweepers, then a report counted from the ledger and from what the platforms received.
+
+With ``faults``, the run also plants a poisoned store, erasures and (on PostgreSQL) a
+paused gateway (``faults.py``), and the report says what each did to what users got."""
 
 from __future__ import annotations
 
@@ -22,6 +25,12 @@ from gateway_ledger.application.ledger import DeliveryLedger
 from gateway_ledger.application.ports import DUPLICATE_NOTICE
 from gateway_ledger.domain.errors import NotFound
 from gateway_ledger.domain.obligation import compute_obligation_id
+from gateway_ledger.infrastructure.simulation.faults import (
+    LEASE_ENV,
+    FaultPlan,
+    FaultReport,
+    tally,
+)
 from gateway_ledger.infrastructure.simulation.platform import (
     Received,
     count_deduplicated,
@@ -40,6 +49,7 @@ class SimulationConfig:
     workers: int = 3
     kills: int = 8
     db: str | None = None
+    faults: bool = False
 
 
 @attrs.define
@@ -68,19 +78,29 @@ class Report:
     seconds: float = 0.0
     obligations_per_second: float = 0.0
     db: str = ""
+    faults: FaultReport | None = None
+
+    @property
+    def unexplained_audit_problems(self) -> int:
+        explained = self.faults.audit_explained if self.faults is not None else {}
+        return sum(self.audit_problems.values()) - sum(explained.values())
 
     @property
     def ok(self) -> bool:
         return (
             self.lost == 0
             and self.unlabelled_duplicates == 0
-            and not any(self.audit_problems.values())
+            and self.unexplained_audit_problems == 0
             and self.unresolved == 0
             and self.gateway_failures == 0
+            and (self.faults is None or self.faults.ok)
         )
 
     def to_dict(self) -> dict[str, Any]:
         d = attrs.asdict(self)
+        faults = d.pop("faults")
+        if faults is not None:  # a --faults run: its figures sit beside the others
+            d.update(faults)
         d["ok"] = self.ok
         return d
 
@@ -98,37 +118,44 @@ class Simulation:
         self.platforms = default_platforms(dead)
         self.report = Report(seed=config.seed, db=self.db)
         self.spec_path = self.run_dir / "spec.json"
-        self.spec_path.write_text(
-            json.dumps(
-                {
-                    "db": self.db,
-                    "seed": config.seed,
-                    "journal_dir": str(self.run_dir),
-                    "run_dir": str(self.run_dir),
-                    "workers": config.workers,
-                    "platforms": {n: b.to_dict() for n, b in self.platforms.items()},
-                    "turns": [t.to_dict() for t in self.turns],
-                }
-            )
-        )
+        self.workers: dict[int, subprocess.Popen[bytes]] = {}
+        spec: dict[str, Any] = {
+            "db": self.db,
+            "seed": config.seed,
+            "journal_dir": str(self.run_dir),
+            "run_dir": str(self.run_dir),
+            "workers": config.workers,
+            "platforms": {n: b.to_dict() for n, b in self.platforms.items()},
+            "turns": [t.to_dict() for t in self.turns],
+        }
+        self.faults: FaultPlan | None = None
+        self.env: dict[str, str] | None = None
+        if config.faults:
+            spec["faults"] = True
+            self.report.faults = FaultReport()
+            self.faults = FaultPlan(self)
+            if self.faults.postgres:
+                self.env = {**os.environ, **LEASE_ENV}
+        self.spec_path.write_text(json.dumps(spec))
 
-    def _spawn(self, role: str, index: int) -> subprocess.Popen[bytes]:
+    def spawn(self, role: str, index: int) -> subprocess.Popen[bytes]:
         with open(self.run_dir / f"{role}-{index}.log", "ab") as log_file:
             return subprocess.Popen(
                 [sys.executable, "-m", WORKER_MODULE, str(self.spec_path), role, str(index)],
                 stdout=subprocess.DEVNULL,
                 stderr=log_file,
+                env=self.env,
             )
 
-    def _reap(self, procs: list[subprocess.Popen[bytes]]) -> None:
+    def reap(self, procs: list[subprocess.Popen[bytes]]) -> None:
         for proc in procs:
             if proc.wait(timeout=60) != 0:
                 self.report.gateway_failures += 1
 
-    def _done(self, index: int) -> bool:
+    def done(self, index: int) -> bool:
         return (self.run_dir / f"done-{index}").exists()
 
-    def _started_for(self, index: int) -> float:
+    def started_for(self, index: int) -> float:
         """Seconds on the monotonic clock since worker INDEX began delivering (inf if not yet)."""
         marker = self.run_dir / f"started-{index}"
         try:
@@ -138,8 +165,16 @@ class Simulation:
         return time.monotonic() - age
 
     def run(self) -> Report:
+        try:
+            return self._run()
+        finally:
+            if self.faults is not None:
+                self.faults.close()
+
+    def _run(self) -> Report:
         started = time.monotonic()
-        workers = {i: self._spawn("worker", i) for i in range(self.config.workers)}
+        workers = self.workers
+        workers.update({i: self.spawn("worker", i) for i in range(self.config.workers)})
         sweepers: list[subprocess.Popen[bytes]] = []
         kills_left = self.config.kills
         # Kills are timed from the moment a worker is really delivering (its started-INDEX
@@ -149,38 +184,46 @@ class Simulation:
         while True:
             for i, proc in list(workers.items()):
                 code = proc.poll()
-                if code is not None and not self._done(i):
+                if code is not None and not self.done(i):
                     raise RuntimeError(f"simulated worker {i} failed with exit code {code}")
-            if all(self._done(i) for i in workers):
+            if all(self.done(i) for i in workers):
                 break
             now = time.monotonic()
+            paused = self.faults.paused_index if self.faults is not None else None
             live = [
                 i
                 for i, p in workers.items()
-                if p.poll() is None and self._started_for(i) + kill_delay <= now
+                if p.poll() is None and self.started_for(i) + kill_delay <= now and i != paused
             ]
-            if kills_left and live:
+            if kills_left and live and (self.faults is None or self.faults.may_kill(kills_left)):
                 victim = self.rng.choice(live)
                 os.kill(workers[victim].pid, signal.SIGKILL)
                 workers[victim].wait()  # reaped: a zombie's /proc entry would look alive
                 (self.run_dir / f"started-{victim}").unlink(missing_ok=True)
                 self.report.kills += 1
                 kills_left -= 1
+                if self.faults is not None:
+                    # before the restart and its sweeper start, so both meet the fault
+                    self.faults.after_kill(victim, kills_left, f"kill {self.report.kills}")
                 # The replacement and a sweeper start together: two gateways sweep at once.
-                workers[victim] = self._spawn("worker", victim)
-                sweepers.append(self._spawn("sweeper", 100 + self.report.kills))
+                workers[victim] = self.spawn("worker", victim)
+                sweepers.append(self.spawn("sweeper", 100 + self.report.kills))
                 self.report.restarts += 1
                 self.report.sweeper_runs += 1
                 kill_delay = self.rng.uniform(0.1, 0.6)
+            if self.faults is not None:
+                self.faults.tick(kills_left)
             self._show(started)
             time.sleep(0.05)
-        self._reap(list(workers.values()) + sweepers)  # an exiting owner still looks alive
+        if self.faults is not None:
+            self.faults.finish_mid_run()
+        self.reap(list(workers.values()) + sweepers)  # an exiting owner still looks alive
         # Closing time: two gateways sweep the same store at once until nothing is owed.
         for _ in range(8):
             if self._unresolved_count() == 0:
                 break
-            pair = [self._spawn("sweeper", 900 + n) for n in range(2)]
-            self._reap(pair)
+            pair = [self.spawn("sweeper", 900 + n) for n in range(2)]
+            self.reap(pair)
             self.report.sweeper_runs += 2
             self._show(started)
         self.report.seconds = round(time.monotonic() - started, 2)
@@ -188,7 +231,7 @@ class Simulation:
         return self.report
 
     def _show(self, started: float) -> None:
-        done = sum(self._done(i) for i in range(self.config.workers))
+        done = sum(self.done(i) for i in range(self.config.workers))
         self.progress(
             f"{time.monotonic() - started:5.1f}s  kills {self.report.kills}/{self.config.kills}"
             f"  sweeper runs {self.report.sweeper_runs}"
@@ -201,18 +244,32 @@ class Simulation:
             n = 0
             for turn in self.turns:
                 try:
-                    status = ledger.get(self._oid(turn))
+                    status = ledger.get(self.oid(turn))
                 except NotFound:
-                    n += 1
+                    if self.faults is None or not self.faults.is_forgotten(turn.conversation):
+                        n += 1
                     continue
+                except Exception:
+                    if self.faults is None:
+                        raise
+                    continue  # unreadable: no sweep can settle it; the count says what it is
                 n += status.state not in ("delivered", "abandoned")
             return n
         finally:
             ledger.close()
 
     @staticmethod
-    def _oid(turn: Turn) -> str:
+    def oid(turn: Turn) -> str:
         return compute_obligation_id(turn.session_key, turn.inbound_id, turn.content)
+
+    def journals(self) -> dict[tuple[str, str, str], list[Received]]:
+        """Every message the platforms received, by (reply_to, kind, identity) of its part."""
+        copies: dict[tuple[str, str, str], list[Received]] = {}
+        for platform in self.platforms:
+            journal = self.run_dir / f"{platform}.db"
+            for msg in read_journal(journal):
+                copies.setdefault(part_key(msg), []).append(msg)
+        return copies
 
     def _count(self) -> None:
         r = self.report
@@ -222,34 +279,42 @@ class Simulation:
             r.deduplicated_by_platform += count_deduplicated(journal)
             for msg in read_journal(journal):
                 r.messages_received += 1
-                if msg.media_uri is not None:
-                    part_id = ("media", msg.media_uri)
-                else:
-                    text = msg.content
-                    if text.startswith(DUPLICATE_NOTICE):
-                        text = text[len(DUPLICATE_NOTICE) :].removeprefix("\n")
-                    part_id = ("text", text)
-                copies.setdefault((msg.reply_to or "", *part_id), []).append(msg)
+                copies.setdefault(part_key(msg), []).append(msg)
+        for got in copies.values():
+            # The original is the copy handed to the platform first, not the first to land:
+            # a send stopped mid-flight (SIGSTOP) may land after the marked copy of its
+            # claimer, yet it was sent before the claim and is no re-send.
+            got.sort(key=lambda m: (m.sent_at, m.seq))
         abandoned: Counter[str] = Counter()
         ledger = DeliveryLedger.open(self.db)
         try:
+            if self.faults is not None:
+                self.faults.read_quarantine(ledger)
             for turn in self.turns:
+                got_by_part = [
+                    copies.get((turn.inbound_id, kind, ident), [])
+                    for kind, ident in turn.expected_parts
+                ]
                 try:
-                    status = ledger.get(self._oid(turn))
-                    history = [h.type for h in ledger.history(self._oid(turn))]
+                    status = ledger.get(self.oid(turn))
+                    history = ledger.history(self.oid(turn))
                 except NotFound:
+                    if self.faults is not None and self.faults.is_forgotten(turn.conversation):
+                        self.faults.count_unrecorded(turn)
+                        continue
                     r.lost += 1
                     continue
+                except Exception:
+                    if self.faults is None:
+                        raise
+                    self.faults.count_unreadable(turn, got_by_part)
+                    continue
                 r.obligations += 1
-                marked = False
-                missing = False
-                for kind, ident in turn.expected_parts:
-                    got = copies.get((turn.inbound_id, kind, ident), [])
-                    missing = missing or not got
-                    marked = marked or any(m.content.startswith(DUPLICATE_NOTICE) for m in got)
-                    r.unlabelled_duplicates += sum(
-                        1 for m in got[1:] if not m.content.startswith(DUPLICATE_NOTICE)
-                    )
+                missing, marked, unlabelled = tally(got_by_part)
+                r.unlabelled_duplicates += unlabelled
+                if self.faults is not None:
+                    self.faults.count_readable(turn, status, history, got_by_part)
+                types = [h.type for h in history]
                 if status.state == "abandoned":
                     abandoned[status.abandon_reason or "?"] += 1
                     continue
@@ -260,9 +325,9 @@ class Simulation:
                 r.delivered += 1
                 r.lost += missing
                 first_time = (
-                    history.count("Attempting") == 1
-                    and "Claimed" not in history
-                    and "Failed" not in history
+                    types.count("Attempting") == 1
+                    and "Claimed" not in types
+                    and "Failed" not in types
                 )
                 if first_time:
                     r.delivered_first_time += 1
@@ -270,12 +335,28 @@ class Simulation:
                     r.redelivered_with_marker += 1
                 else:
                     r.redelivered_plain += 1
-            audit = ledger.audit_duplicates()
-            r.audit_problems = audit.counts()
-            r.audit_labelled_duplicates = audit.labelled_duplicates
+            if self.faults is None:
+                audit = ledger.audit_duplicates()
+                r.audit_problems = audit.counts()
+                r.audit_labelled_duplicates = audit.labelled_duplicates
+            else:
+                self.faults.audit(ledger)
         finally:
             ledger.close()
         r.abandoned = dict(sorted(abandoned.items()))
+        if self.faults is not None:
+            self.faults.count_messages(copies)
         for path in self.run_dir.glob("*-*-*.json"):  # one per gateway process that finished
             r.ledger_faults += json.loads(path.read_text()).get("ledger_faults", 0)
         r.obligations_per_second = round(r.obligations / r.seconds, 1) if r.seconds else 0.0
+
+
+def part_key(msg: Received) -> tuple[str, str, str]:
+    """(reply_to, kind, identity): which part of which reply a message is, as a user sees
+    it (the duplicate marker stripped): text by its text, media by its URI."""
+    if msg.media_uri is not None:
+        return (msg.reply_to or "", "media", msg.media_uri)
+    text = msg.content
+    if text.startswith(DUPLICATE_NOTICE):
+        text = text[len(DUPLICATE_NOTICE) :].removeprefix("\n")
+    return (msg.reply_to or "", "text", text)

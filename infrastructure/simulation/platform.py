@@ -34,7 +34,8 @@ CREATE TABLE IF NOT EXISTS received (
     media_uri TEXT,
     idempotency_key TEXT UNIQUE,
     sender_pid INTEGER NOT NULL,
-    at REAL NOT NULL
+    at REAL NOT NULL,
+    sent_at REAL
 );
 CREATE TABLE IF NOT EXISTS deduplicated (
     idempotency_key TEXT NOT NULL,
@@ -130,6 +131,7 @@ class SimulatedPlatform(AdapterBase):
         idempotency_key: str | None,
     ) -> SendResult:
         b, rng = self.behaviour, self._rng
+        handed_at = time.time()  # when the gateway handed this message to the platform
         await asyncio.sleep(rng.uniform(*b.latency))
         if target.chat_id in b.dead_chats:
             return SendResult.failed(ErrorClass.DEAD_TARGET, "403 bot was blocked by the user")
@@ -154,6 +156,7 @@ class SimulatedPlatform(AdapterBase):
             reply_to,
             media[0].uri if media else None,
             idempotency_key if b.idempotent else None,
+            handed_at,
         )
         await asyncio.sleep(b.hold_after_arrival or rng.uniform(*b.latency))
         if roll < b.ambiguous_after:
@@ -167,6 +170,7 @@ class SimulatedPlatform(AdapterBase):
         reply_to: str | None,
         media_uri: str | None,
         key: str | None,
+        handed_at: float,
     ) -> str:
         conn = self._connection()
         with self._lock:
@@ -182,7 +186,7 @@ class SimulatedPlatform(AdapterBase):
                     return f"{self.platform}-{row[0]}"
             cur = conn.execute(
                 "INSERT INTO received (chat_id, thread_id, reply_to, content, media_uri,"
-                " idempotency_key, sender_pid, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                " idempotency_key, sender_pid, at, sent_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     target.chat_id,
                     target.thread_id,
@@ -192,6 +196,7 @@ class SimulatedPlatform(AdapterBase):
                     key,
                     os.getpid(),
                     time.time(),
+                    handed_at,
                 ),
             )
             return f"{self.platform}-{cur.lastrowid}"
@@ -206,6 +211,9 @@ class Received:
     content: str
     media_uri: str | None
     idempotency_key: str | None
+    sender_pid: int = 0
+    sent_at: float = 0.0
+    """When the gateway handed it to the platform (the driver's clock: same host)."""
 
 
 def read_journal(path: str | Path) -> list[Received]:
@@ -214,8 +222,8 @@ def read_journal(path: str | Path) -> list[Received]:
     conn = open_journal(path)
     try:
         rows = conn.execute(
-            "SELECT seq, chat_id, thread_id, reply_to, content, media_uri, idempotency_key"
-            " FROM received ORDER BY seq"
+            "SELECT seq, chat_id, thread_id, reply_to, content, media_uri, idempotency_key,"
+            " sender_pid, sent_at FROM received ORDER BY seq"
         ).fetchall()
     finally:
         conn.close()

@@ -6,6 +6,9 @@
   conversations concurrently), wait for runtime retries, touch ``done-INDEX``, exit 0.
   Re-running after a kill is safe: a turn already recorded is not sent again.
 - role ``sweeper``: start (sweep and re-send what it claimed), wait for retries, exit.
+
+With ``faults`` in the spec, a worker asks no more turns of a conversation whose session
+the driver forgot (``forgotten-CONVERSATION``).
 """
 
 from __future__ import annotations
@@ -53,8 +56,18 @@ def build_adapters(spec: dict[str, Any], salt: str) -> list[SimulatedPlatform]:
     ]
 
 
-async def run_conversation(gateway: Gateway, turns: list[Turn]) -> None:
+def forgotten_marker(run_dir: str | Path, conversation: int) -> Path:
+    """Written by ``simulate --faults`` before it erases the conversation's session."""
+    return Path(run_dir) / f"forgotten-{conversation}"
+
+
+async def run_conversation(gateway: Gateway, turns: list[Turn], run_dir: Path | None) -> None:
     for turn in turns:
+        if run_dir is not None and forgotten_marker(run_dir, turn.conversation).exists():
+            # The user was forgotten: a real gateway would open a fresh session under a
+            # fresh key for any later message; this one asks no more. A turn already
+            # being answered goes on: its reply may be recorded after the erasure.
+            return
         await asyncio.sleep(turn.think)
         reply = Reply(
             content=turn.content,
@@ -80,7 +93,10 @@ async def main_async(spec: dict[str, Any], role: str, index: int) -> int:
             turn = Turn.from_dict(raw)
             if turn.conversation % spec["workers"] == index:
                 by_conversation[turn.conversation].append(turn)
-        await asyncio.gather(*(run_conversation(gateway, t) for t in by_conversation.values()))
+        stops = Path(spec["run_dir"]) if spec.get("faults") else None
+        await asyncio.gather(
+            *(run_conversation(gateway, t, stops) for t in by_conversation.values())
+        )
     await scheduler.idle()
     stats = gateway.stats()
     await gateway.close()
