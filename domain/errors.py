@@ -47,3 +47,17 @@ class ConcurrentUpdate(LedgerError):
             f"{kind} {ident} was changed by another writer while {transition} was being "
             "recorded; reload and decide again"
         )
+
+
+class UndecodableEvent(LedgerError):
+    """A stored event this version cannot turn back into a fact: its type is unknown (a
+    newer release wrote it), its bytes do not decode, or its sealed personal fields fail
+    authentication. The obligation it belongs to is quarantined, never sent (ADR 0027)."""
+
+    def __init__(self, aggregate_id: str, version: int, reason: str, detail: str = ""):
+        self.aggregate_id = aggregate_id
+        self.version = version
+        self.reason = reason
+        self.detail = detail
+        why = f": {detail}" if detail else ""
+        super().__init__(f"event v{version} of {aggregate_id} is {reason}{why}")

@@ -48,6 +48,20 @@ class SqlDialect:
         """SQL written with ``?`` placeholders, in this store's placeholder style."""
         return text
 
+    def add_missing_columns(self, cursor: Cursor, name: str, columns: dict[str, str]) -> None:
+        """Add to table ``name`` the columns (name -> SQL type) it lacks: a view created by
+        an earlier release gains them (NULL in its old rows) instead of failing to open."""
+        present = self.column_names(cursor, name)
+        for column, kind in columns.items():
+            if column not in present:
+                cursor.execute(
+                    f"ALTER TABLE {self.table(name)} ADD COLUMN {check_identifier(column)} {kind}"
+                )
+
+    def column_names(self, cursor: Cursor, name: str) -> set[str]:
+        cursor.execute("SELECT name FROM pragma_table_info(?)", (check_identifier(name),))
+        return {str(row["name"]) for row in cursor.fetchall()}
+
     @contextmanager
     def write_transaction(self) -> Iterator[Cursor]:
         raise NotImplementedError
@@ -96,6 +110,14 @@ class PostgresDialect(SqlDialect):
 
     def sql(self, text: str) -> str:
         return text.replace("?", "%s")
+
+    def column_names(self, cursor: Cursor, name: str) -> set[str]:
+        cursor.execute(
+            "SELECT column_name AS name FROM information_schema.columns "
+            "WHERE table_schema = %s AND table_name = %s",
+            (self.datastore.schema, check_identifier(name)),
+        )
+        return {str(row["name"]) for row in cursor.fetchall()}
 
     @contextmanager
     def write_transaction(self) -> Iterator[Cursor]:
