@@ -111,13 +111,12 @@ class PostgresDialect(SqlDialect):
     def sql(self, text: str) -> str:
         return text.replace("?", "%s")
 
-    def column_names(self, cursor: Cursor, name: str) -> set[str]:
-        cursor.execute(
-            "SELECT column_name AS name FROM information_schema.columns "
-            "WHERE table_schema = %s AND table_name = %s",
-            (self.datastore.schema, check_identifier(name)),
-        )
-        return {str(row["name"]) for row in cursor.fetchall()}
+    def add_missing_columns(self, cursor: Cursor, name: str, columns: dict[str, str]) -> None:
+        for column, kind in columns.items():
+            cursor.execute(
+                f"ALTER TABLE {self.table(name)} "
+                f"ADD COLUMN IF NOT EXISTS {check_identifier(column)} {kind}"
+            )
 
     @contextmanager
     def write_transaction(self) -> Iterator[Cursor]:
