@@ -33,6 +33,7 @@ from gateway_ledger.application.ports import (
     SendResult,
     render_duplicate_notice,
 )
+from gateway_ledger.application.recovery import load_for_sending
 from gateway_ledger.application.recovery_port import RecoverySweep, ResumableSessions
 from gateway_ledger.application.scheduling import AsyncioScheduler, Scheduler
 from gateway_ledger.domain.errors import ConcurrentUpdate, LedgerError
@@ -97,13 +98,25 @@ class DeliveryOutcome:
     retry_in: float | None = None
 
 
+RECOVERY_COMPLETE = "complete"
+RECOVERY_PARTIAL = "partial"
+RECOVERY_NOT_RUN = "not_run"
+
+
 @attrs.frozen
 class StartReport:
+    """What ``start`` recovered. ``recovery``: ``complete``; ``partial`` when something
+    owed was left unrecovered (quarantined, unreadable, or a ledger fault on one
+    obligation: ``quarantined`` counts the first kinds); ``not_run`` when the sweep itself
+    failed, so nothing was recovered (ADR 0027). Both are logged at ERROR."""
+
     connected: tuple[str, ...]
     claimed: int
     redelivered: int
     failed: int
     resumable_sessions: tuple[str, ...]
+    recovery: str = RECOVERY_COMPLETE
+    quarantined: int = 0
 
 
 @attrs.frozen
@@ -236,12 +249,23 @@ class Gateway:
             self.add_adapter(adapter)
             connected.append(adapter.platform)
         platforms = frozenset(self._adapters)
+        recovery = RECOVERY_COMPLETE
+        quarantined = 0
         try:
-            claimed = await self.writer.call(self._run_sweep, platforms)
+            claimed, swept = await self.writer.call(self._run_sweep, platforms)
         except Exception as e:
             self._fault("-", "sweep", e)
-            claimed = []
+            claimed, swept = [], None
+            recovery = RECOVERY_NOT_RUN
+        if swept is not None:
+            quarantined = swept.quarantined
+            if swept.quarantined or swept.errors:
+                recovery = RECOVERY_PARTIAL
         outcomes = await asyncio.gather(*(self._recover(item) for item in claimed))
+        unsent = sum(1 for o in outcomes if o.status == "unsendable")
+        if unsent:
+            quarantined += unsent
+            recovery = RECOVERY_PARTIAL if recovery == RECOVERY_COMPLETE else recovery
         redelivered = sum(1 for o in outcomes if o.status == "delivered")
         if self.sessions is not None:
             now = self._now()
@@ -258,21 +282,38 @@ class Gateway:
         else:
             resumable = ()
         log.info(
-            "gateway started: platforms=%d claimed=%d redelivered=%d",
+            "gateway started: platforms=%d claimed=%d redelivered=%d recovery=%s",
             len(connected),
             len(claimed),
             redelivered,
+            recovery,
         )
+        if recovery == RECOVERY_NOT_RUN:
+            log.error("gateway started WITHOUT recovery: the sweep failed; nothing recovered")
+        elif recovery == RECOVERY_PARTIAL:
+            log.error(
+                "gateway started with PARTIAL recovery: %d obligation(s) quarantined or "
+                "unreadable, %d sweep error(s); see gateway-ledger list --state quarantined",
+                quarantined,
+                0 if swept is None else swept.errors,
+            )
         return StartReport(
             connected=tuple(connected),
             claimed=len(claimed),
             redelivered=redelivered,
             failed=sum(1 for o in outcomes if o.status == "failed"),
             resumable_sessions=resumable,
+            recovery=recovery,
+            quarantined=quarantined,
         )
 
-    def _run_sweep(self, platforms: frozenset[str]) -> list[dict[str, Any]]:
-        return list(self._sweep(self._now(), deliverable_platforms=platforms))
+    def _run_sweep(self, platforms: frozenset[str]) -> tuple[list[dict[str, Any]], Any]:
+        """The sweep's items and its counters (None from a sweep that keeps none)."""
+        own = self._sweep == self.ledger.sweep_recoverable
+        if own:
+            self.ledger.last_sweep = None
+        items = list(self._sweep(self._now(), deliverable_platforms=platforms))
+        return items, self.ledger.last_sweep if own else None
 
     async def close(self) -> None:
         """Stop scheduled retries (the boot sweep owns them now) and flush the writer."""
@@ -647,10 +688,17 @@ class Gateway:
         oid = str(item["obligation_id"])
         adapter = self._adapters.get(str(item["platform"]))
         try:
-            agg = await self.writer.call(self.ledger._load, oid)
+            # Read again, each field opened: what cannot be opened is never sent (ADR 0027).
+            agg, problem = await self.writer.call(load_for_sending, self.ledger, oid)
         except Exception as e:
             self._fault(oid, "load", e)
             return DeliveryOutcome(status="failed", obligation_id=oid, ledger_fault=True)
+        if agg is None:
+            assert problem is not None
+            if problem.abandon is not None:
+                self._counters.abandoned += 1
+                return DeliveryOutcome(status="abandoned", obligation_id=oid)
+            return DeliveryOutcome(status="unsendable", obligation_id=oid)
         if adapter is None or agg.state is not ObligationState.CLAIMED or agg.owner != self.owner:
             return DeliveryOutcome(status="failed", obligation_id=oid)
         self._counters.recovered += 1

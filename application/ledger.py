@@ -416,6 +416,10 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
 
     # -- helpers ------------------------------------------------------------------------------
 
+    def aggregate_id(self, obligation_id: str) -> UUID:
+        """The aggregate id of an obligation id (validated)."""
+        return self._uuid(obligation_id)
+
     @staticmethod
     def _uuid(obligation_id: str) -> UUID:
         if not isinstance(obligation_id, str) or not obligation_id:
