@@ -232,7 +232,7 @@ class RecoverableObligations(ObligationView):
         return {
             "obligation_id": bad.obligation_id or bad.originator_id.hex,
             "platform": "",
-            "owner_host": "",
+            "owner_host": "unknown",  # its events do not say (never read: it is not claimed)
             "owner_boot_id": "",
             "owner_pid": 0,
             "owner_start_time": None,
