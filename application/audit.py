@@ -380,12 +380,8 @@ class DuplicateAuditor:
     ) -> None:
         assert by is not None
         reason = str(state.get("reason"))
-        kind = (
-            "unreadable_fields" if reason == QuarantineReason.UNREADABLE else "undecodable_event"
-        )
-        self.flag(
-            kind, ob, version, state, f"quarantined: {reason} at v{state.get('found_at')}"
-        )
+        kind = "unreadable_fields" if reason == QuarantineReason.UNREADABLE else "undecodable_event"
+        self.flag(kind, ob, version, state, f"quarantined: {reason} at v{state.get('found_at')}")
         ob.displaced[ob.owner] = version
         ob.displaced.pop(by, None)
         ob.owner = by

@@ -441,7 +441,10 @@ def load_for_sending(
     else:
         assert problem.quarantine is not None
         obligation.quarantine(
-            reason=problem.quarantine, found_at=problem.found_at, by=ledger.owner, now=ledger.clock()
+            reason=problem.quarantine,
+            found_at=problem.found_at,
+            by=ledger.owner,
+            now=ledger.clock(),
         )
     try:
         ledger.save(obligation)

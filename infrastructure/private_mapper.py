@@ -633,7 +633,6 @@ class PrivateMapper(Mapper[UUID]):
             # authenticated these values, which were valid when they were sealed.
             state[head] = _with_placeholders(state[head], changes)
 
-
     def _mark_unreadable(self, state: dict[str, Any], stored: StoredEvent, cls: type) -> None:
         """Text placeholders of fields that fail authentication read ``[unreadable]``."""
         spec = None if issubclass(cls, Snapshot) else self.policy.by_topic.get(stored.topic)

@@ -25,9 +25,8 @@ from gateway_ledger.domain.values import (
     ObligationState,
     QuarantineReason,
 )
-from gateway_ledger.infrastructure.private_mapper import ERASED
+from gateway_ledger.infrastructure.private_mapper import ERASED, Undecodable
 from gateway_ledger.infrastructure.sql_dialect import Cursor, SqlDialect
-from gateway_ledger.infrastructure.private_mapper import Undecodable
 from gateway_ledger.projections.obligation_view import (
     QUARANTINE_COLUMNS,
     STILL_READ,

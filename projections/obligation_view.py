@@ -65,13 +65,14 @@ class ObligationView:
         )
         names = ", ".join(row)
         marks = ", ".join("?" * len(row))
+        still_read = STILL_READ.replace("quarantine_reason", f"{self.table}.quarantine_reason")
         cursor.execute(
             dialect.sql(
                 f"INSERT INTO {self.table} ({names}) VALUES ({marks}) "
                 "ON CONFLICT (aggregate_id) DO UPDATE SET state = excluded.state, "
                 "quarantine_reason = excluded.quarantine_reason, "
                 "quarantine_version = excluded.quarantine_version, version = excluded.version "
-                f"WHERE {STILL_READ.replace('quarantine_reason', self.table + '.quarantine_reason')}"
+                f"WHERE {still_read}"
             ),
             tuple(row.values()),
         )

@@ -26,8 +26,8 @@ from gateway_ledger.domain.values import (
     OwnerIdentity,
     QuarantineReason,
 )
-from gateway_ledger.infrastructure.sql_dialect import Cursor, SqlDialect
 from gateway_ledger.infrastructure.private_mapper import Undecodable
+from gateway_ledger.infrastructure.sql_dialect import Cursor, SqlDialect
 from gateway_ledger.projections.obligation_view import (
     QUARANTINE_COLUMNS,
     STILL_READ,

@@ -208,9 +208,9 @@ CHILD = """
 def test_reply_recorded_after_forget_with_a_cached_key_is_abandoned_never_sent(
     store_location: str,
 ) -> None:
-    child = python_child(CHILD.replace("sys.argv[1]", repr(store_location)).replace(
-        "sys.argv[2]", repr(SESSION)
-    ))
+    child = python_child(
+        CHILD.replace("sys.argv[1]", repr(store_location)).replace("sys.argv[2]", repr(SESSION))
+    )
     try:
         assert child.stdout is not None and child.stdin is not None
         assert child.stdout.readline().strip() == "ready", child.stderr
