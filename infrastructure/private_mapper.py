@@ -484,17 +484,20 @@ class PrivateMapper(Mapper[UUID]):
             _KEEP_SEALED.reset(token)
 
     def to_domain_event(self, stored_event: StoredEvent) -> Any:
-        return self._built(stored_event, *self._decoded(stored_event))
+        """The domain event; ``UndecodableEvent`` (a ``LedgerError`` naming the event) when
+        the stored bytes are not one this version can read."""
+        try:
+            return self._built(stored_event, *self._decoded(stored_event))
+        except DECODING_ERRORS as e:
+            raise Undecodable.of(stored_event, e).error() from e
 
     def to_domain_events(self, stored_events: Sequence[StoredEvent]) -> list[Any]:
         """Like ``to_domain_event`` for each, with the data keys they need read in one go."""
-        decoded = [self._decoded(s) for s in stored_events]
-        self.keyring.prefetch_opening(
-            (envelope["s"], envelope["k"])
-            for _, _, envelope in decoded
-            if envelope is not None and "c" in envelope
-        )
-        return [self._built(s, *d) for s, d in zip(stored_events, decoded, strict=True)]
+        found = self.decode_each(stored_events)
+        for event in found:
+            if type(event) is Undecodable:
+                raise event.error()
+        return found
 
     def decode_each(self, stored_events: Sequence[StoredEvent]) -> list[Any]:
         """Like ``to_domain_events``, but an event that does not decode is returned as an

@@ -117,6 +117,10 @@ def test_one_bad_event_is_quarantined_and_every_other_obligation_is_recovered(
         bad_version,
     )
     assert reason in finding["detail"]
+    history = cli("history", poisoned, db=store_location)  # one line, naming the event
+    assert history.returncode == 2
+    assert f"v{bad_version}" in history.stderr and reason in history.stderr
+    assert len(history.stderr.strip().splitlines()) == 1
     metrics = cli("metrics", db=store_location)
     assert metrics.returncode == 0
     assert "gateway_ledger_quarantined_obligations 1\n" in metrics.stdout
