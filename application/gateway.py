@@ -86,8 +86,9 @@ def outgoing_parts(agg: DeliveryObligation) -> list[OutgoingPart]:
 class DeliveryOutcome:
     """What ``deliver`` did. ``status``: delivered, failed (a retry is scheduled or the
     boot sweep owns it), abandoned, skipped (``skip_reason``), already_recorded (the same
-    turn's reply is owed or done: nothing sent), queued (no adapter connected), or
-    superseded (another gateway claimed it mid-send: this one stopped sending)."""
+    turn's reply is owed or done: nothing sent), queued (no adapter connected),
+    superseded (another gateway claimed it mid-send: this one stopped sending), or
+    unsendable (recovery found it unreadable: quarantined, never sent; ADR 0027)."""
 
     status: str
     obligation_id: str | None = None

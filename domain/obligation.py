@@ -242,7 +242,7 @@ class DeliveryObligation(Aggregate):
 
     @property
     def is_quarantined(self) -> bool:
-        return getattr(self, "quarantine_reason", None) is not None
+        return self.quarantine_reason is not None
 
     def _require_not_quarantined(self, transition: str) -> None:
         """Nothing unreadable is ever sent: a quarantined obligation is never sent again."""

@@ -148,6 +148,15 @@ DECODING_ERRORS: tuple[type[BaseException], ...] = (
 """What stored bytes that are not a well-formed event raise while decoded (a store or
 key fault, such as ``PersistenceError`` or ``MasterKeyMismatch``, is none of these)."""
 
+class _KeyFault(Exception):
+    """A fault of the keyring (bad master key, store down) met while opening an event: not
+    bad bytes, so never a quarantine; re-raised as the original error."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(str(original))
+        self.original = original
+
+
 _SHAPES: dict[type, frozenset[str]] = {}
 
 
@@ -488,6 +497,8 @@ class PrivateMapper(Mapper[UUID]):
         the stored bytes are not one this version can read."""
         try:
             return self._built(stored_event, *self._decoded(stored_event))
+        except _KeyFault as fault:
+            raise fault.original from None
         except DECODING_ERRORS as e:
             raise Undecodable.of(stored_event, e).error() from e
 
@@ -520,6 +531,8 @@ class PrivateMapper(Mapper[UUID]):
                 continue
             try:
                 events.append(self._built(stored, *d))
+            except _KeyFault as fault:
+                raise fault.original from None
             except DECODING_ERRORS as e:
                 events.append(Undecodable.of(stored, e))
         return events
@@ -595,7 +608,10 @@ class PrivateMapper(Mapper[UUID]):
         if "c" not in envelope:
             return
         key_id = envelope["k"]
-        key = self.keyring.opening_key(subject, key_id)
+        try:
+            key = self.keyring.opening_key(subject, key_id)
+        except Exception as e:
+            raise _KeyFault(e) from e
         if key is None:
             watch = _WATCH.get()
             if watch is not None:
