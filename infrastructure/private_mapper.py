@@ -148,6 +148,7 @@ DECODING_ERRORS: tuple[type[BaseException], ...] = (
 """What stored bytes that are not a well-formed event raise while decoded (a store or
 key fault, such as ``PersistenceError`` or ``MasterKeyMismatch``, is none of these)."""
 
+
 class _KeyFault(Exception):
     """A fault of the keyring (bad master key, store down) met while opening an event: not
     bad bytes, so never a quarantine; re-raised as the original error."""
