@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 class PlannedAction:
     obligation_id: str
     platform: str
-    action: str  # "claim" or "abandon"
+    action: str  # "claim", "abandon" or "quarantine"
     reason: str | None
     needs_marker: bool
     recovery_attempt: int
@@ -60,7 +60,11 @@ class _PreviewSweep(RecoverySweep):
         for d in batch:
             ob = d.obligation
             reason = d.abandon_reason.value if d.abandon_reason else None
-            if reason is None:
+            action = "claim" if reason is None else "abandon"
+            if d.quarantine_reason is not None:
+                action, reason = "quarantine", d.quarantine_reason.value
+                self.counts["quarantined"] += 1
+            elif reason is None:
                 self.counts["claimed"] += 1
             else:
                 self.abandoned[reason] += 1
@@ -68,7 +72,7 @@ class _PreviewSweep(RecoverySweep):
                 PlannedAction(
                     obligation_id=ob.obligation_id,
                     platform=ob.platform,
-                    action="claim" if reason is None else "abandon",
+                    action=action,
                     reason=reason,
                     needs_marker=d.needs_marker,
                     recovery_attempt=ob.recovery_attempts,

@@ -390,3 +390,19 @@ def test_any_flipped_bit_never_stops_a_reader_and_rebuild_equals_incremental(
         assert undecodable == index_poisoned  # the audit and the views agree
     finally:
         ledger.close()
+
+
+def test_dry_run_sweep_says_it_would_quarantine_and_appends_nothing(store_location: str) -> None:
+    tampered, kept = record_orphans(store_location, 2, prefix="owed")
+    tamper_ciphertext(store_location, tampered)
+    preview = cli("sweep", "--dry-run", "--json", db=store_location)
+    assert preview.returncode == 0, preview.stderr
+    actions = {a["obligation_id"]: a for a in json.loads(preview.stdout)["actions"]}
+    assert (actions[tampered]["action"], actions[tampered]["reason"]) == (
+        "quarantine",
+        "unreadable",
+    )
+    assert actions[kept]["action"] == "claim"
+    ledger = DeliveryLedger.open(store_location)
+    assert ledger.get(tampered).version == 1 and ledger.get(kept).version == 1
+    ledger.close()
