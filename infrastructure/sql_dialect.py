@@ -38,6 +38,11 @@ class SqlDialect:
     name = "sql"
     for_update = ""
 
+    @property
+    def data_errors(self) -> tuple[type[BaseException], ...]:
+        """What a statement raises, at once, for values this store cannot hold."""
+        return ()
+
     def __init__(self, datastore: Any) -> None:
         self.datastore = datastore
 
@@ -75,6 +80,13 @@ class SqlDialect:
 class SQLiteDialect(SqlDialect):
     name = "sqlite"
 
+    @property
+    def data_errors(self) -> tuple[type[BaseException], ...]:
+        """What a statement raises, at once, for values this store cannot hold."""
+        import sqlite3
+
+        return (sqlite3.IntegrityError, sqlite3.DataError)
+
     @contextmanager
     def write_transaction(self) -> Iterator[Cursor]:
         import sqlite3
@@ -103,6 +115,14 @@ class SQLiteDialect(SqlDialect):
 class PostgresDialect(SqlDialect):
     name = "postgres"
     for_update = " FOR UPDATE"
+
+    @property
+    def data_errors(self) -> tuple[type[BaseException], ...]:
+        """What a statement raises, at once, for values this store cannot hold (a NUL in
+        text is refused while the parameters are adapted, before anything is sent)."""
+        import psycopg
+
+        return (psycopg.DataError,)
 
     def table(self, name: str) -> str:
         schema = check_identifier(self.datastore.schema)

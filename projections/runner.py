@@ -26,6 +26,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+import attrs
 from eventsourcing.application import Application
 from eventsourcing.persistence import IntegrityError, Notification
 
@@ -194,6 +195,7 @@ class ProjectionRunner:
     def _apply_events(self, events: list[tuple[int, Any]], last_id: int) -> tuple[int, int]:
         projection = self.projection
         quarantine = getattr(projection, "quarantine", None)
+        refused = (*DECODING_ERRORS, *self.dialect.data_errors)
         with self.dialect.write_transaction() as c:
             current = self._read_position(c, lock=True)
             todo = 0
@@ -215,8 +217,8 @@ class ProjectionRunner:
                     continue
                 try:
                     projection.apply(c, self.dialect, event)
-                except DECODING_ERRORS as e:
-                    raise _Refused(index, Undecodable.of(_stored(event), e)) from e
+                except refused as e:
+                    raise _Refused(index, _refused(event, e)) from e
             if last_id > current:
                 c.execute(
                     self.dialect.sql(
@@ -245,14 +247,18 @@ class ProjectionRunner:
         return applied
 
 
-def _stored(event: Any) -> Any:
-    """What ``Undecodable.of`` needs of a decoded event the projection refused."""
+def _refused(event: Any, error: BaseException) -> Undecodable:
+    """A decoded event the projection (or the store) refused, as an ``Undecodable``."""
     from eventsourcing.persistence import StoredEvent
     from eventsourcing.utils import get_topic
 
-    return StoredEvent(
+    stored = StoredEvent(
         originator_id=event.originator_id,
         originator_version=event.originator_version,
         topic=get_topic(type(event)),
         state=b"",
     )
+    named = getattr(event, "obligation_id", None)
+    if not (isinstance(named, str) and named.isprintable()):
+        named = None
+    return attrs.evolve(Undecodable.of(stored, error), obligation_id=named)

@@ -406,3 +406,19 @@ def test_dry_run_sweep_says_it_would_quarantine_and_appends_nothing(store_locati
     ledger = DeliveryLedger.open(store_location)
     assert ledger.get(tampered).version == 1 and ledger.get(kept).version == 1
     ledger.close()
+
+
+def test_a_value_postgresql_cannot_hold_is_quarantined_not_a_stopped_view(pg_url: str) -> None:
+    """A NUL in a stored platform name (accepted by earlier releases) fails every view
+    write on PostgreSQL: that obligation is quarantined, the rest recovered."""
+    bad = deliver_one(pg_url, "nul-platform")
+    (owed,) = record_orphans(pg_url, 1, prefix="owed")
+    state = stored_state(pg_url, bad, 1)
+    assert b'"platform":"telegram"' in state
+    set_state(pg_url, bad, 1, state.replace(b'"platform":"telegram"', b'"platform":"tele\\u0000"'))
+
+    ledger = DeliveryLedger.open(pg_url)
+    assert [item["obligation_id"] for item in ledger.sweep_recoverable()] == [owed]
+    stats = ledger.stats()
+    assert (stats.quarantined, stats.quarantined_ids) == (1, (bad,))
+    ledger.close()
