@@ -149,6 +149,15 @@ DECODING_ERRORS: tuple[type[BaseException], ...] = (
 key fault, such as ``PersistenceError`` or ``MasterKeyMismatch``, is none of these)."""
 
 
+def _well_formed(envelope: Any) -> bool:
+    """A sealed envelope names its subject, and its key and ciphertext when it has one."""
+    if type(envelope) is not dict or type(envelope.get("s")) is not str:
+        return False
+    if "c" in envelope or "k" in envelope:
+        return type(envelope.get("c")) is str and type(envelope.get("k")) is str
+    return True
+
+
 class _KeyFault(Exception):
     """A fault of the keyring (bad master key, store down) met while opening an event: not
     bad bytes, so never a quarantine; re-raised as the original error."""
@@ -564,6 +573,13 @@ class PrivateMapper(Mapper[UUID]):
             )
             raise MapperDeserialisationError(msg) from e
         envelope = event_state.pop(SEALED, None)
+        if envelope is not None and not _well_formed(envelope):
+            raise UndecodableEvent(
+                str(stored_event.originator_id),
+                stored_event.originator_version,
+                QuarantineReason.UNDECODABLE.value,
+                "malformed sealed envelope",
+            )
         if envelope is not None and (_STATE_ONLY.get() or _KEEP_SEALED.get()):
             spec = self.policy.by_topic.get(stored_event.topic)
             if _KEEP_SEALED.get() or (spec is not None and spec.state_free):
