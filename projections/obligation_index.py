@@ -301,6 +301,14 @@ class ObligationIndex(ObligationView):
             "arrived_before": 0,
         }
 
+    def prepare(self) -> None:
+        """Set the keyring up before the view's transaction: naming a subject from a clear
+        session key needs it, and its first set-up writes through another connection,
+        which would wait on this transaction's lock on SQLite."""
+        keyring = getattr(self.app.mapper, "keyring", None)
+        if keyring is not None:
+            keyring.table  # noqa: B018 (the property sets the keyring up)
+
     def _subject(self, event: Any) -> str:
         """The keyed subject id of the session: named by the sealed envelope (the session
         key itself stays sealed), or keyed from the session key of an event in clear."""

@@ -185,6 +185,9 @@ class ProjectionRunner:
             decoded = decode_each(self.app, ours)
         events = [(n.id, event) for n, event in zip(ours, decoded, strict=True)]
         last_id = notifications[-1].id
+        prepare = getattr(self.projection, "prepare", None)
+        if prepare is not None:
+            prepare()  # what must not write inside the view's transaction (SQLite: a lock)
         while True:
             try:
                 return self._apply_events(events, last_id)
