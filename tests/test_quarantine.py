@@ -422,3 +422,19 @@ def test_a_value_postgresql_cannot_hold_is_quarantined_not_a_stopped_view(pg_url
     stats = ledger.stats()
     assert (stats.quarantined, stats.quarantined_ids) == (1, (bad,))
     ledger.close()
+
+
+def test_first_catch_up_of_a_store_written_in_clear_does_not_lock_itself(
+    sqlite_location: str,
+) -> None:
+    """Naming a session from a clear event sets the keyring up, which writes: not inside
+    the view's own transaction (found when the audit began catching the index up)."""
+    ledger = DeliveryLedger.open(sqlite_location, encrypt=False)
+    ledger.record_obligation(
+        obligation_id="clear", session_key=SESSION, platform="telegram", chat_id="7", content="x"
+    )
+    ledger.close()
+    done = cli("audit", "duplicates", db=sqlite_location)
+    assert done.returncode == 0, done.stderr
+    listed = json.loads(cli("list", "--json", db=sqlite_location).stdout)
+    assert [o["obligation_id"] for o in listed["obligations"]] == ["clear"]
