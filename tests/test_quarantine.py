@@ -278,6 +278,7 @@ def test_tampered_ciphertext_is_quarantined_never_sent_and_reported(store_locati
     status = ledger.get(tampered)
     assert status.content == UNREADABLE and status.chat_id == UNREADABLE  # not "[erased]"
     assert [e.type for e in ledger.history(tampered)][-1] == "Quarantined"
+    assert status.quarantine_reason == "unreadable"
     (entry,) = ledger.list(state="quarantined")
     assert (entry.obligation_id, entry.quarantine_reason) == (tampered, "unreadable")
     version = status.version
@@ -292,6 +293,9 @@ def test_tampered_ciphertext_is_quarantined_never_sent_and_reported(store_locati
     assert (finding["kind"], finding["obligation_id"]) == ("unreadable_fields", tampered)
     listed = cli("list", "--state", "quarantined", db=store_location)
     assert listed.returncode == 0 and tampered in listed.stdout and "unreadable" in listed.stdout
+    history = cli("history", tampered, db=store_location)
+    assert history.returncode == 0 and "QUARANTINED: unreadable" in history.stdout
+    assert "reason=unreadable found_at=v1" in history.stdout
 
 
 def test_a_quarantined_reply_is_never_retried_but_may_be_abandoned(store_location: str) -> None:
