@@ -442,3 +442,14 @@ def test_first_catch_up_of_a_store_written_in_clear_does_not_lock_itself(
     assert done.returncode == 0, done.stderr
     listed = json.loads(cli("list", "--json", db=sqlite_location).stdout)
     assert [o["obligation_id"] for o in listed["obligations"]] == ["clear"]
+
+
+def test_forgetting_a_session_with_a_quarantined_reply_still_erases(store_location: str) -> None:
+    poisoned = deliver_one(store_location)
+    flip_first_byte(store_location, poisoned, 2)  # its Attempting: it may still be owed
+    report = forget_session(store_location, SESSION)
+    assert report.destroyed_keys
+    ledger = DeliveryLedger.open(store_location)
+    assert ledger.stats().quarantined_ids == (poisoned,)
+    assert ledger.sweep_recoverable() == []
+    ledger.close()
