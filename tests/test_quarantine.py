@@ -453,3 +453,21 @@ def test_forgetting_a_session_with_a_quarantined_reply_still_erases(store_locati
     assert ledger.stats().quarantined_ids == (poisoned,)
     assert ledger.sweep_recoverable() == []
     ledger.close()
+
+
+def test_views_made_by_an_earlier_release_gain_the_quarantine_columns(store_location: str) -> None:
+    """A store whose views predate ADR 0027 opens, catches up and quarantines as usual."""
+    (owed,) = record_orphans(store_location, 1, prefix="owed")
+    ledger = DeliveryLedger.open(store_location)
+    ledger.stats()  # both views made and caught up
+    for view in (ledger.recoverable, ledger.obligation_index):
+        with view.dialect.write_transaction() as c:  # as an earlier release left them
+            for column in ("quarantine_reason", "quarantine_version"):
+                c.execute(f"ALTER TABLE {view.table} DROP COLUMN {column}")
+    ledger.close()
+    flip_first_byte(store_location, deliver_one(store_location), 3)
+
+    fresh = DeliveryLedger.open(store_location)
+    assert [item["obligation_id"] for item in fresh.sweep_recoverable()] == [owed]
+    assert fresh.stats().quarantined_ids == ("long-delivered",)
+    fresh.close()
