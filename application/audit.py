@@ -18,7 +18,14 @@ What it flags, and why, is ADR 0011:
 - ``claim_from_live_owner``: the owner that a claim (or an operator's retry) displaced
   appended an event afterwards, so it was alive;
 - ``late_result``: a result reported by an owner that had been fenced out (or an event
-  flagged ``late`` by the store).
+  flagged ``late`` by the store);
+- ``undecodable_event``: an event this version cannot decode (a flipped byte, an event
+  type a newer release wrote); its obligation is quarantined and its later events are not
+  judged (ADR 0027). Which events decode is the views' verdict (the obligation index,
+  caught up first, records each with its version), so the audit and ``list --state
+  quarantined`` always agree and the replay itself stays a scan of clear JSON;
+- ``unreadable_fields``: a ``Quarantined`` fact: a reader found sealed personal fields
+  that fail authentication (tampered or rotted), so the reply is never sent.
 """
 
 from __future__ import annotations
@@ -27,13 +34,14 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
+from uuid import UUID
 
 import attrs
 import orjson
 from eventsourcing.utils import get_topic
 
 from gateway_ledger.domain.obligation import DeliveryObligation
-from gateway_ledger.domain.values import SendGuard
+from gateway_ledger.domain.values import QuarantineReason, SendGuard
 
 if TYPE_CHECKING:
     from eventsourcing.application import Application
@@ -47,7 +55,21 @@ _AMBIGUOUS = "ambiguous"
 _GUARDED = frozenset({SendGuard.MARKER.value, SendGuard.IDEMPOTENCY_KEY.value})
 """Recorded send guards that keep a possible duplicate from going unannounced."""
 
-PROBLEM_KINDS = ("unmarked_resend", "double_claim", "claim_from_live_owner", "late_result")
+_KINDS = frozenset(
+    name
+    for name, value in vars(DeliveryObligation).items()
+    if isinstance(value, type) and issubclass(value, DeliveryObligation.Event)
+)
+"""The obligation's event types this version knows."""
+
+PROBLEM_KINDS = (
+    "unmarked_resend",
+    "double_claim",
+    "claim_from_live_owner",
+    "late_result",
+    "undecodable_event",
+    "unreadable_fields",
+)
 
 
 @attrs.frozen
@@ -188,19 +210,47 @@ class DuplicateAuditor:
         self.events = 0
         self.position = 0
         self._reported_live: set[tuple[str, Owner]] = set()
+        self.unjudged: set[str] = set()  # obligations with an undecodable event
+        self.poisoned: dict[str, tuple[str, int, str]] = {}
+        """aggregate id -> (obligation id, version, why): the views' undecodable events."""
 
     def flag(
         self, kind: str, ob: _Obligation, version: int, state: dict[str, Any], why: str
     ) -> None:
         self.findings.append(AuditFinding(kind, ob.oid, version, _when(state), why))
 
+    def undecodable(self, key: str, obligation_id: str, version: int, why: str) -> None:
+        """An event that does not decode: a problem, and its obligation is not judged on."""
+        if key in self.unjudged:
+            return
+        ob = self.obligations.get(key)
+        if ob is None:
+            ob = self.obligations[key] = _Obligation(obligation_id, ())
+        self.unjudged.add(key)
+        self.findings.append(
+            AuditFinding("undecodable_event", ob.oid, version, "", f"{why} (quarantined)")
+        )
+
     def feed(self, originator_id: Any, version: int, topic: str, raw: bytes) -> None:
         self.events += 1
         if not topic.startswith(_PREFIX):
             return  # not an obligation's event (erasures, other aggregates)
-        kind = topic[len(_PREFIX) :]
-        state: dict[str, Any] = orjson.loads(raw)
         key = str(originator_id)
+        if key in self.unjudged:
+            return  # a transition before this one is unknown: nothing after it is judged
+        poisoned = self.poisoned.get(key)
+        if poisoned is not None and version >= poisoned[1]:
+            self.undecodable(key, poisoned[0], poisoned[1], poisoned[2])
+            return
+        kind = topic[len(_PREFIX) :]
+        try:
+            state: dict[str, Any] = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:  # written after the index caught up
+            self.undecodable(key, key, version, f"undecodable: {e}")
+            return
+        if kind not in _KINDS:
+            self.undecodable(key, key, version, f"unknown_topic: {topic}")
+            return
         if kind == "Recorded":
             self.obligations[key] = _Obligation(
                 str(state.get("obligation_id") or key), _owner(state.get("owner"))
@@ -325,6 +375,18 @@ class DuplicateAuditor:
         if by is None or not _fenced_out(ob, state, by):
             ob.state = "failed"
 
+    def _on_Quarantined(
+        self, ob: _Obligation, version: int, state: dict[str, Any], by: Owner | None
+    ) -> None:
+        assert by is not None
+        reason = str(state.get("reason"))
+        kind = "unreadable_fields" if reason == QuarantineReason.UNREADABLE else "undecodable_event"
+        self.flag(kind, ob, version, state, f"quarantined: {reason} at v{state.get('found_at')}")
+        ob.displaced[ob.owner] = version
+        ob.displaced.pop(by, None)
+        ob.owner = by
+        ob.fence = int(state.get("fence", ob.fence + 1))
+
     def _on_Abandoned(
         self, ob: _Obligation, version: int, state: dict[str, Any], by: Owner | None
     ) -> None:
@@ -353,6 +415,26 @@ class DuplicateAuditor:
         )
 
 
+def undecodable_events(app: Application[Any]) -> dict[str, tuple[str, int, str]]:
+    """The events the obligation index found undecodable (caught up first), by aggregate."""
+    index: Any = getattr(app, "obligation_index", None)
+    if index is None:
+        return {}
+    index.catch_up()
+    rows = index.select(
+        "quarantine_reason IS NOT NULL AND quarantine_reason <> ?",
+        (QuarantineReason.UNREADABLE.value,),
+    )
+    return {
+        str(UUID(str(r["aggregate_id"]))): (
+            str(r["obligation_id"]),
+            int(r["quarantine_version"]),
+            str(r["quarantine_reason"]),
+        )
+        for r in rows
+    }
+
+
 def audit_duplicates(
     app: Application[Any],
     *,
@@ -364,6 +446,7 @@ def audit_duplicates(
     recorder: Any = app.recorder
     newest = recorder.max_notification_id() or 0
     auditor = DuplicateAuditor()
+    auditor.poisoned = undecodable_events(app)
     start = 0
     while True:
         page = recorder.select_notifications(start, page_size, inclusive_of_start=False)

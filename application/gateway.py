@@ -33,6 +33,7 @@ from gateway_ledger.application.ports import (
     SendResult,
     render_duplicate_notice,
 )
+from gateway_ledger.application.recovery import load_for_sending
 from gateway_ledger.application.recovery_port import RecoverySweep, ResumableSessions
 from gateway_ledger.application.scheduling import AsyncioScheduler, Scheduler
 from gateway_ledger.domain.errors import (
@@ -91,9 +92,10 @@ class DeliveryOutcome:
     """What ``deliver`` did. ``status``: delivered, failed (a retry is scheduled or the
     boot sweep owns it), abandoned, skipped (``skip_reason``), already_recorded (the same
     turn's reply is owed or done: nothing sent), queued (no adapter connected),
-    superseded (another gateway claimed it mid-send: this one stopped sending), or erased
+    superseded (another gateway claimed it mid-send: this one stopped sending), erased
     (the session was forgotten while the reply was on its way: neither recorded nor sent,
-    or no more of it sent; ADR 0028)."""
+    or no more of it sent; ADR 0028), or unsendable (recovery found it unreadable:
+    quarantined, never sent; ADR 0027)."""
 
     status: str
     obligation_id: str | None = None
@@ -104,8 +106,18 @@ class DeliveryOutcome:
     retry_in: float | None = None
 
 
+RECOVERY_COMPLETE = "complete"
+RECOVERY_PARTIAL = "partial"
+RECOVERY_NOT_RUN = "not_run"
+
+
 @attrs.frozen
 class StartReport:
+    """What ``start`` recovered. ``recovery``: ``complete``; ``partial`` when something
+    owed was left unrecovered (quarantined, unreadable, or a ledger fault on one
+    obligation: ``quarantined`` counts the first kinds); ``not_run`` when the sweep itself
+    failed, so nothing was recovered (ADR 0027). Both are logged at ERROR."""
+
     connected: tuple[str, ...]
     claimed: int
     redelivered: int
@@ -117,6 +129,8 @@ class StartReport:
     not run. Also logged at ERROR."""
     ledger_problem: str | None = None
     """What the start check hit (the error's class and first line), when unavailable."""
+    recovery: str = RECOVERY_COMPLETE
+    quarantined: int = 0
 
 
 @attrs.frozen
@@ -262,13 +276,25 @@ class Gateway:
             connected.append(adapter.platform)
         platforms = frozenset(self._adapters)
         problem = await self._check_ledger()
+        recovery = RECOVERY_COMPLETE if problem is None else RECOVERY_NOT_RUN
+        quarantined = 0
         claimed: list[dict[str, Any]] = []
+        swept = None
         if problem is None:
             try:
-                claimed = await self.writer.call(self._run_sweep, platforms)
+                claimed, swept = await self.writer.call(self._run_sweep, platforms)
             except Exception as e:
                 self._fault("-", "sweep", e)
+                recovery = RECOVERY_NOT_RUN
+        if swept is not None:
+            quarantined = swept.quarantined
+            if swept.quarantined or swept.errors:
+                recovery = RECOVERY_PARTIAL
         outcomes = await asyncio.gather(*(self._recover(item) for item in claimed))
+        unsent = sum(1 for o in outcomes if o.status == "unsendable")
+        if unsent:
+            quarantined += unsent
+            recovery = RECOVERY_PARTIAL if recovery == RECOVERY_COMPLETE else recovery
         redelivered = sum(1 for o in outcomes if o.status == "delivered")
         if self.sessions is not None:
             now = self._now()
@@ -285,11 +311,21 @@ class Gateway:
         else:
             resumable = ()
         log.info(
-            "gateway started: platforms=%d claimed=%d redelivered=%d",
+            "gateway started: platforms=%d claimed=%d redelivered=%d recovery=%s",
             len(connected),
             len(claimed),
             redelivered,
+            recovery,
         )
+        if recovery == RECOVERY_NOT_RUN:
+            log.error("gateway started WITHOUT recovery: the sweep failed; nothing recovered")
+        elif recovery == RECOVERY_PARTIAL:
+            log.error(
+                "gateway started with PARTIAL recovery: %d obligation(s) quarantined or "
+                "unreadable, %d sweep error(s); see gateway-ledger list --state quarantined",
+                quarantined,
+                0 if swept is None else swept.errors,
+            )
         return StartReport(
             connected=tuple(connected),
             claimed=len(claimed),
@@ -298,6 +334,8 @@ class Gateway:
             resumable_sessions=resumable,
             ledger_available=problem is None,
             ledger_problem=problem,
+            recovery=recovery,
+            quarantined=quarantined,
         )
 
     async def _check_ledger(self) -> str | None:
@@ -321,8 +359,13 @@ class Gateway:
             return problem
         return None
 
-    def _run_sweep(self, platforms: frozenset[str]) -> list[dict[str, Any]]:
-        return list(self._sweep(self._now(), deliverable_platforms=platforms))
+    def _run_sweep(self, platforms: frozenset[str]) -> tuple[list[dict[str, Any]], Any]:
+        """The sweep's items and its counters (None from a sweep that keeps none)."""
+        own = self._sweep == self.ledger.sweep_recoverable
+        if own:
+            self.ledger.last_sweep = None
+        items = list(self._sweep(self._now(), deliverable_platforms=platforms))
+        return items, self.ledger.last_sweep if own else None
 
     async def close(self) -> None:
         """Stop scheduled retries (the boot sweep owns them now) and flush the writer."""
@@ -762,10 +805,17 @@ class Gateway:
         oid = str(item["obligation_id"])
         adapter = self._adapters.get(str(item["platform"]))
         try:
-            agg = await self.writer.call(self.ledger._load, oid)
+            # Read again, each field opened: what cannot be opened is never sent (ADR 0027).
+            agg, problem = await self.writer.call(load_for_sending, self.ledger, oid)
         except Exception as e:
             self._fault(oid, "load", e)
             return DeliveryOutcome(status="failed", obligation_id=oid, ledger_fault=True)
+        if agg is None:
+            assert problem is not None
+            if problem.abandon is not None:
+                self._counters.abandoned += 1
+                return DeliveryOutcome(status="abandoned", obligation_id=oid)
+            return DeliveryOutcome(status="unsendable", obligation_id=oid)
         if adapter is None or agg.state is not ObligationState.CLAIMED or agg.owner != self.owner:
             return DeliveryOutcome(status="failed", obligation_id=oid)
         self._counters.recovered += 1

@@ -480,6 +480,10 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
 
     # -- helpers ------------------------------------------------------------------------------
 
+    def aggregate_id(self, obligation_id: str) -> UUID:
+        """The aggregate id of an obligation id (validated)."""
+        return self._uuid(obligation_id)
+
     @staticmethod
     def _uuid(obligation_id: str) -> UUID:
         """Every lookup takes an id as a record does: refused (InvalidInput) the same way."""

@@ -13,6 +13,7 @@ PREFIX = "gateway_ledger"
 METRIC_NAMES = (
     f"{PREFIX}_obligations",
     f"{PREFIX}_unresolved_obligations",
+    f"{PREFIX}_quarantined_obligations",
     f"{PREFIX}_oldest_unresolved_age_seconds",
     f"{PREFIX}_abandoned_total",
     f"{PREFIX}_record_to_delivery_seconds",
@@ -56,6 +57,12 @@ def prometheus_text(stats: LedgerStats) -> str:
             sample("obligations", n, platform=platform, state=state)
     family("unresolved_obligations", "gauge", "Obligations still owed.")
     sample("unresolved_obligations", stats.unresolved)
+    family(
+        "quarantined_obligations",
+        "gauge",
+        "Obligations with an event this version cannot read: never sent (ADR 0027).",
+    )
+    sample("quarantined_obligations", stats.quarantined)
     family("oldest_unresolved_age_seconds", "gauge", "Age of the oldest unresolved obligation.")
     sample("oldest_unresolved_age_seconds", stats.oldest_unresolved_age_seconds or 0)
     family("abandoned_total", "counter", "Obligations abandoned, by reason.")

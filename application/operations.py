@@ -18,6 +18,7 @@ from gateway_ledger.application.views import HistoryEntry, ObligationStatus
 from gateway_ledger.domain.errors import InvalidInput, NotFound
 from gateway_ledger.domain.obligation import DeliveryObligation
 from gateway_ledger.domain.values import (
+    QUARANTINED,
     UNRESOLVED_STATES,
     AbandonReason,
     ObligationState,
@@ -38,7 +39,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway_ledger.operations")
 
-STATES: tuple[str, ...] = tuple(s.value for s in ObligationState)
+STATES: tuple[str, ...] = (*(s.value for s in ObligationState), QUARANTINED)
+"""The index's states: the aggregate's, and ``quarantined`` (ADR 0027)."""
+MAX_QUARANTINED_IDS = 1000
+"""``stats().quarantined_ids`` lists at most this many (oldest first); the count is exact."""
 _UNRESOLVED = tuple(sorted(s.value for s in UNRESOLVED_STATES))
 
 
@@ -69,6 +73,10 @@ class LedgerStats:
     recovery_claims: int
     obligations_claimed: int
     operator_retries: int
+    quarantined: int
+    """Obligations with an event this version cannot read: not claimed, not sent, not
+    counted as delivered (ADR 0027)."""
+    quarantined_ids: tuple[str, ...]
     log_position: int
     projections: tuple[ProjectionStatus, ...]
 
@@ -126,6 +134,11 @@ def compute_stats(ledger: DeliveryLedger, now: datetime | None = None) -> Ledger
             "WHERE delivered_at IS NOT NULL ORDER BY d"
         )
         durations = [int(r["d"]) / 1e6 for r in c.fetchall()]
+        c.execute(
+            f"SELECT obligation_id FROM {table} WHERE state = '{QUARANTINED}' "
+            f"ORDER BY recorded_at, obligation_id LIMIT {MAX_QUARANTINED_IDS}"
+        )
+        quarantined_ids = tuple(str(r["obligation_id"]) for r in c.fetchall())
     age = None
     if oldest is not None:
         age = round(max(0, to_micros(moment) - int(oldest["recorded_at"])) / 1e6, 3)
@@ -150,6 +163,8 @@ def compute_stats(ledger: DeliveryLedger, now: datetime | None = None) -> Ledger
         recovery_claims=claims,
         obligations_claimed=claimed,
         operator_retries=retries,
+        quarantined=by_state[QUARANTINED],
+        quarantined_ids=quarantined_ids,
         log_position=ledger.recorder.max_notification_id() or 0,
         projections=tuple(projection_status(ledger, name) for name in PROJECTION_NAMES),
     )

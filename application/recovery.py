@@ -7,6 +7,11 @@ stale), leave it (platform offline: nothing spent), or claim it. The claim is ap
 the aggregate's next version; when two sweepers race, the event store's unique
 (aggregate, version) key lets exactly one win and the other gets ``IntegrityError``,
 which here means "someone else has it": skipped quietly and counted. No other lock.
+
+Nothing whose personal fields cannot be opened is handed to a sender (ADR 0027): each
+candidate is read on its own, an erased one is abandoned (``erased``), one whose sealed
+fields fail authentication, or with an event that does not decode, is quarantined (a
+``Quarantined`` fact when it can still be loaded sealed) and counted, never claimed.
 """
 
 from __future__ import annotations
@@ -25,8 +30,13 @@ from eventsourcing.persistence import IntegrityError, PersistenceError
 
 from gateway_ledger.domain.errors import LedgerError, NotFound
 from gateway_ledger.domain.obligation import DeliveryObligation
-from gateway_ledger.domain.values import AbandonReason, OwnerIdentity, require_aware
-from gateway_ledger.infrastructure.bulk_events import load_aggregates
+from gateway_ledger.domain.values import (
+    AbandonReason,
+    OwnerIdentity,
+    QuarantineReason,
+    require_aware,
+)
+from gateway_ledger.infrastructure.bulk_events import Loaded, load_each
 from gateway_ledger.infrastructure.installation import configured_host
 from gateway_ledger.infrastructure.process_identity import is_alive_locally
 from gateway_ledger.projections.recoverable import RecoverableEntry
@@ -72,6 +82,9 @@ class SweepResult:
     skipped_own: int = 0
     resolved_meanwhile: int = 0
     errors: int = 0
+    quarantined: int = 0
+    """Owed obligations left alone because they cannot be read (ADR 0027): already
+    quarantined, or quarantined by this sweep. Recovery is partial while it is not 0."""
     candidates: int = 0
     view_events_applied: int = 0
     elapsed_ms: float = 0.0
@@ -103,13 +116,48 @@ def redelivery(obligation: DeliveryObligation, needs_marker: bool) -> dict[str, 
 
 
 @attrs.frozen
-class _Decision:
-    """An aggregate the sweep changed in memory (claimed or abandoned), not yet saved."""
+class Unsendable:
+    """Why a loaded obligation must not be handed to a sender (ADR 0027)."""
+
+    abandon: AbandonReason | None = None
+    """``erased``: its session was forgotten; abandon it."""
+    quarantine: QuarantineReason | None = None
+    found_at: int = 0
+    """The version of the first event that could not be read (quarantine only)."""
+
+
+def unsendable(loaded: Loaded, aggregate_id: UUID) -> Unsendable | None:
+    """The one rule: what was read without every personal field opened is never sent."""
+    bad = loaded.undecodable.get(aggregate_id)
+    if bad is not None:
+        return Unsendable(quarantine=bad.reason, found_at=bad.originator_version)
+    version = loaded.openings.unreadable.get(aggregate_id)
+    if version is not None:
+        return Unsendable(quarantine=QuarantineReason.UNREADABLE, found_at=version)
+    if aggregate_id in loaded.openings.erased:
+        return Unsendable(abandon=AbandonReason.ERASED)
+    return None
+
+
+def load_sealed(ledger: DeliveryLedger, aggregate_id: UUID) -> DeliveryObligation | None:
+    """The obligation rebuilt without opening its sealed fields (to quarantine or abandon
+    it: neither reads them), or None when even that fails."""
+    with ledger.private_mapper.sealed():
+        loaded = load_each(ledger, [aggregate_id])
+    found = loaded.aggregates.get(aggregate_id)
+    return found if isinstance(found, DeliveryObligation) else None
+
+
+@attrs.frozen
+class SweepDecision:
+    """An aggregate the sweep changed in memory (claimed, abandoned or quarantined), not
+    yet saved."""
 
     obligation: DeliveryObligation
     seen_owner: OwnerIdentity
     needs_marker: bool
     abandon_reason: AbandonReason | None = None
+    quarantine_reason: QuarantineReason | None = None
 
 
 _MISSING: Any = object()
@@ -159,7 +207,10 @@ class RecoverySweep:
         entries = view.entries()
         orphaned = []
         for entry in entries:
-            if entry.owner == self.me:
+            if entry.is_quarantined:
+                self.counts["quarantined"] += 1
+                log.error("sweep: obligation %s is quarantined: not claimed", entry.obligation_id)
+            elif entry.owner == self.me:
                 self.counts["skipped_own"] += 1
             elif self.is_alive(entry.owner):
                 self.counts["skipped_alive"] += 1
@@ -173,8 +224,13 @@ class RecoverySweep:
             batch = []
             for entry in chunk:
                 # If the batched read failed, each one is read on its own instead.
-                found = None if loaded is None else loaded.get(UUID(entry.aggregate_id), _MISSING)
-                decision = self.guarded(self.decide, entry.obligation_id, entry.owner, found)
+                decision = self.guarded(
+                    self.decide,
+                    entry.obligation_id,
+                    entry.owner,
+                    UUID(entry.aggregate_id),
+                    loaded,
+                )
                 if decision is not None:
                     batch.append(decision)
             self.commit(batch)
@@ -192,9 +248,9 @@ class RecoverySweep:
         )
         return result, self.won
 
-    def load(self, _: str, chunk: list[RecoverableEntry]) -> dict[UUID, DeliveryObligation]:
-        """The chunk's aggregates, current as of now, read in one query."""
-        return load_aggregates(self.ledger, [UUID(e.aggregate_id) for e in chunk])
+    def load(self, _: str, chunk: list[RecoverableEntry]) -> Loaded:
+        """The chunk's aggregates, current as of now, read in one query, each on its own."""
+        return load_each(self.ledger, [UUID(e.aggregate_id) for e in chunk])
 
     def guarded(self, step: Callable[..., Any], obligation_id: str, *args: Any) -> Any:
         """One obligation's trouble is logged and counted; what was won is still returned."""
@@ -206,18 +262,31 @@ class RecoverySweep:
             return None
 
     def decide(
-        self, obligation_id: str, seen_owner: OwnerIdentity, loaded: Any = None
-    ) -> _Decision | None:
+        self,
+        obligation_id: str,
+        seen_owner: OwnerIdentity,
+        aggregate_id: UUID,
+        loaded: Loaded | None = None,
+    ) -> SweepDecision | None:
         """Let the (re)loaded aggregate decide; the view row may be out of date."""
         counts = self.counts
-        try:
-            obligation = self.ledger._load(obligation_id) if loaded is None else loaded
-        except NotFound:
-            obligation = _MISSING
-        if obligation is _MISSING:
-            counts["resolved_meanwhile"] += 1
-            return None
-        if obligation.is_resolved:
+        if loaded is None:
+            loaded = load_each(self.ledger, [aggregate_id])
+        problem = unsendable(loaded, aggregate_id)
+        obligation: Any = loaded.aggregates.get(aggregate_id, _MISSING)
+        if problem is not None and problem.quarantine is not None:
+            obligation = load_sealed(self.ledger, aggregate_id)
+            if obligation is None:
+                # Not even its clear fields rebuild it: the views quarantine it by themselves.
+                counts["quarantined"] += 1
+                log.error(
+                    "sweep: obligation %s quarantined (%s at v%d): not claimed",
+                    obligation_id,
+                    problem.quarantine.value,
+                    problem.found_at,
+                )
+                return None
+        if obligation is _MISSING or obligation.is_resolved:
             counts["resolved_meanwhile"] += 1
             return None
         if obligation.owner != seen_owner:
@@ -227,29 +296,35 @@ class RecoverySweep:
             if self.is_alive(obligation.owner):
                 counts["lost_races"] += 1  # another sweeper claimed it since the view was read
                 return None
+        if obligation.is_quarantined:
+            counts["quarantined"] += 1
+            return None
+        owner_before = obligation.owner
+        needs_marker = obligation.needs_marker
+        if problem is not None and problem.quarantine is not None:
+            obligation.quarantine(
+                reason=problem.quarantine, found_at=problem.found_at, by=self.me, now=self.now
+            )
+            return SweepDecision(obligation, owner_before, needs_marker, None, problem.quarantine)
         policy = self.ledger.policy
         reason = None
-        if obligation.recovery_attempts >= policy.max_attempts:
+        detail = f"recovery sweep: {obligation.recovery_attempts} recovery claims"
+        if problem is not None and problem.abandon is not None:
+            reason, detail = problem.abandon, ""  # nothing sealed under an erased subject
+        elif obligation.recovery_attempts >= policy.max_attempts:
             reason = AbandonReason.MAX_ATTEMPTS
         elif policy.is_stale(obligation.recorded_at, self.now):
             reason = AbandonReason.STALE
         elif self.platforms is not None and obligation.platform not in self.platforms:
             counts["skipped_offline"] += 1
             return None
-        needs_marker = obligation.needs_marker
-        owner_before = obligation.owner
         if reason is None:
             obligation.claim(by=self.me, now=self.now, policy=policy)
         else:
-            obligation.abandon(
-                reason=reason,
-                now=self.now,
-                by=self.me,
-                detail=f"recovery sweep: {obligation.recovery_attempts} recovery claims",
-            )
-        return _Decision(obligation, owner_before, needs_marker, reason)
+            obligation.abandon(reason=reason, now=self.now, by=self.me, detail=detail)
+        return SweepDecision(obligation, owner_before, needs_marker, reason)
 
-    def commit(self, batch: list[_Decision]) -> None:
+    def commit(self, batch: list[SweepDecision]) -> None:
         if not batch:
             return
         try:
@@ -264,13 +339,13 @@ class RecoverySweep:
             self.batch_size = max(1, self.batch_size // 2)
             log.debug("sweep: batch of %d refused (%s); redoing one by one", len(batch), e)
             for d in batch:
-                self.guarded(self.redo, d.obligation.obligation_id, d.seen_owner)
+                self.guarded(self.redo, d.obligation.obligation_id, d.seen_owner, d.obligation.id)
             return
         for d in batch:
             self.done(d)
 
-    def redo(self, obligation_id: str, seen_owner: OwnerIdentity) -> None:
-        decision = self.decide(obligation_id, seen_owner)
+    def redo(self, obligation_id: str, seen_owner: OwnerIdentity, aggregate_id: UUID) -> None:
+        decision = self.decide(obligation_id, seen_owner, aggregate_id)
         if decision is None:
             return
         try:
@@ -281,8 +356,16 @@ class RecoverySweep:
             return
         self.done(decision)
 
-    def done(self, d: _Decision) -> None:
+    def done(self, d: SweepDecision) -> None:
         obligation = d.obligation
+        if d.quarantine_reason is not None:
+            self.counts["quarantined"] += 1
+            log.error(
+                "sweep: obligation %s quarantined (%s): never sent",
+                obligation.obligation_id,
+                d.quarantine_reason.value,
+            )
+            return
         if d.abandon_reason is not None:
             reason = d.abandon_reason.value
             self.abandoned[reason] += 1
@@ -311,7 +394,8 @@ def sweep_recoverable(
     result, won = sweep.run()
     log.info(
         "sweep: %d candidates, claimed %d, lost races %d, abandoned %s, skipped offline %d, "
-        "alive %d, own %d, resolved meanwhile %d, errors %d, view +%d events, %.1f ms",
+        "alive %d, own %d, resolved meanwhile %d, errors %d, quarantined %d, view +%d events, "
+        "%.1f ms",
         result.candidates,
         result.claimed,
         result.lost_races,
@@ -321,7 +405,49 @@ def sweep_recoverable(
         result.skipped_own,
         result.resolved_meanwhile,
         result.errors,
+        result.quarantined,
         result.view_events_applied,
         result.elapsed_ms,
     )
     return result, won
+
+
+def load_for_sending(
+    ledger: DeliveryLedger, obligation_id: str
+) -> tuple[DeliveryObligation | None, Unsendable | None]:
+    """One obligation as a sender may use it: (the aggregate, None), or (None, why not).
+
+    What cannot be sent is settled here, as a sweep would: an erased one is abandoned
+    (``erased``), an unreadable one quarantined; a lost race leaves it to its history.
+    """
+    aggregate_id = ledger.aggregate_id(obligation_id)
+    loaded = load_each(ledger, [aggregate_id])
+    problem = unsendable(loaded, aggregate_id)
+    if problem is None:
+        found = loaded.aggregates.get(aggregate_id)
+        if not isinstance(found, DeliveryObligation):
+            raise NotFound("obligation", obligation_id)
+        return found, None
+    obligation = load_sealed(ledger, aggregate_id)
+    log.error(
+        "obligation %s not sent: %s",
+        obligation_id,
+        problem.abandon.value if problem.abandon else f"quarantined ({problem.quarantine})",
+    )
+    if obligation is None or obligation.is_resolved or obligation.is_quarantined:
+        return None, problem
+    if problem.abandon is not None:
+        obligation.abandon(reason=problem.abandon, now=ledger.clock(), by=ledger.owner)
+    else:
+        assert problem.quarantine is not None
+        obligation.quarantine(
+            reason=problem.quarantine,
+            found_at=problem.found_at,
+            by=ledger.owner,
+            now=ledger.clock(),
+        )
+    try:
+        ledger.save(obligation)
+    except IntegrityError:
+        log.info("obligation %s changed meanwhile; its history decides", obligation_id)
+    return None, problem

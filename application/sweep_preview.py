@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
+from uuid import UUID
 
 import attrs
 
@@ -21,10 +22,11 @@ from gateway_ledger.application.recovery import (
     LivenessPolicy,
     LocalLiveness,
     RecoverySweep,
+    SweepDecision,
     SweepResult,
-    _Decision,
 )
-from gateway_ledger.domain.values import require_aware
+from gateway_ledger.domain.values import OwnerIdentity, require_aware
+from gateway_ledger.infrastructure.bulk_events import Loaded
 
 if TYPE_CHECKING:
     from gateway_ledger.application.ledger import DeliveryLedger
@@ -34,7 +36,7 @@ if TYPE_CHECKING:
 class PlannedAction:
     obligation_id: str
     platform: str
-    action: str  # "claim" or "abandon"
+    action: str  # "claim", "abandon" or "quarantine"
     reason: str | None
     needs_marker: bool
     recovery_attempt: int
@@ -61,11 +63,15 @@ class _PreviewSweep(RecoverySweep):
         super().__init__(*args, **kwargs)
         self.actions: list[PlannedAction] = []
 
-    def commit(self, batch: list[_Decision]) -> None:
+    def commit(self, batch: list[SweepDecision]) -> None:
         for d in batch:
             ob = d.obligation
             reason = d.abandon_reason.value if d.abandon_reason else None
-            if reason is None:
+            action = "claim" if reason is None else "abandon"
+            if d.quarantine_reason is not None:
+                action, reason = "quarantine", d.quarantine_reason.value
+                self.counts["quarantined"] += 1
+            elif reason is None:
                 self.counts["claimed"] += 1
             else:
                 self.abandoned[reason] += 1
@@ -73,7 +79,7 @@ class _PreviewSweep(RecoverySweep):
                 PlannedAction(
                     obligation_id=ob.obligation_id,
                     platform=ob.platform,
-                    action="claim" if reason is None else "abandon",
+                    action=action,
                     reason=reason,
                     needs_marker=d.needs_marker,
                     recovery_attempt=ob.recovery_attempts,
@@ -120,10 +126,16 @@ class _AbandonOnlySweep(RecoverySweep):
         self.left: dict[str, PlannedAction] = {}
         self.abandoned_actions: list[PlannedAction] = []
 
-    def decide(self, obligation_id: str, seen_owner: Any, loaded: Any = None) -> Any:
-        decision = super().decide(obligation_id, seen_owner, loaded)
-        if decision is None or decision.abandon_reason is not None:
-            return decision
+    def decide(
+        self,
+        obligation_id: str,
+        seen_owner: OwnerIdentity,
+        aggregate_id: UUID,
+        loaded: Loaded | None = None,
+    ) -> SweepDecision | None:
+        decision = super().decide(obligation_id, seen_owner, aggregate_id, loaded)
+        if decision is None or decision.abandon_reason or decision.quarantine_reason:
+            return decision  # abandons and quarantines send nothing: saved
         ob = decision.obligation  # claimed in memory only: dropped here, never saved
         self.left[ob.obligation_id] = PlannedAction(
             obligation_id=ob.obligation_id,
@@ -135,16 +147,17 @@ class _AbandonOnlySweep(RecoverySweep):
         )
         return None
 
-    def done(self, d: _Decision) -> None:
+    def done(self, d: SweepDecision) -> None:
         super().done(d)
         ob = d.obligation
+        why = d.quarantine_reason or d.abandon_reason
         self.left.pop(ob.obligation_id, None)
         self.abandoned_actions.append(
             PlannedAction(
                 obligation_id=ob.obligation_id,
                 platform=ob.platform,
-                action="abandon",
-                reason=d.abandon_reason.value if d.abandon_reason else None,
+                action="quarantine" if d.quarantine_reason else "abandon",
+                reason=why.value if why else None,
                 needs_marker=d.needs_marker,
                 recovery_attempt=ob.recovery_attempts,
             )

@@ -54,6 +54,8 @@ class ObligationStatus:
     recorded_at: datetime
     last_transition_at: datetime
     version: int
+    quarantine_reason: str | None = None
+    """Set when a reader found it unreadable: never sent again, only abandoned (ADR 0027)."""
 
     @classmethod
     def of(cls, agg: DeliveryObligation) -> ObligationStatus:
@@ -82,6 +84,7 @@ class ObligationStatus:
             recorded_at=agg.recorded_at,
             last_transition_at=agg.last_transition_at,
             version=agg.version,
+            quarantine_reason=agg.quarantine_reason.value if agg.quarantine_reason else None,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -99,3 +99,17 @@ class SessionErased(LedgerError):
             f"subject(s) {', '.join(self.subject_ids)} erased while this write was sealed "
             "with their key; nothing was written"
         )
+
+
+class UndecodableEvent(LedgerError):
+    """A stored event this version cannot turn back into a fact: its type is unknown (a
+    newer release wrote it), its bytes do not decode, or its sealed personal fields fail
+    authentication. The obligation it belongs to is quarantined, never sent (ADR 0027)."""
+
+    def __init__(self, aggregate_id: str, version: int, reason: str, detail: str = ""):
+        self.aggregate_id = aggregate_id
+        self.version = version
+        self.reason = reason
+        self.detail = detail
+        why = f": {detail}" if detail else ""
+        super().__init__(f"event v{version} of {aggregate_id} is {reason}{why}")

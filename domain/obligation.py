@@ -28,6 +28,7 @@ from gateway_ledger.domain.values import (
     MediaItem,
     ObligationState,
     OwnerIdentity,
+    QuarantineReason,
     SendGuard,
     cut_error,
     receipt_ids,
@@ -124,6 +125,7 @@ class DeliveryObligation(Aggregate):
     receipt: list[str]
     delivered_parts: dict[str, list[str]]
     abandon_reason: AbandonReason | None
+    quarantine_reason: QuarantineReason | None
     last_transition_at: datetime
 
     # -- creation ---------------------------------------------------------------------------
@@ -222,6 +224,7 @@ class DeliveryObligation(Aggregate):
         self.receipt = []
         self.delivered_parts = {}  # part index (as str, a JSON key) -> platform message ids
         self.abandon_reason = None
+        self.quarantine_reason = None
         self.last_transition_at = timestamp
 
     # -- derived facts ----------------------------------------------------------------------
@@ -266,6 +269,16 @@ class DeliveryObligation(Aggregate):
         if self.state not in allowed:
             raise self._refuse(transition)
 
+    @property
+    def is_quarantined(self) -> bool:
+        return self.quarantine_reason is not None
+
+    def _require_not_quarantined(self, transition: str) -> None:
+        """Nothing unreadable is ever sent: a quarantined obligation is never sent again."""
+        if self.is_quarantined:
+            assert self.quarantine_reason is not None
+            raise self._refuse(transition, f"quarantined ({self.quarantine_reason.value})")
+
     # -- commands and their events ----------------------------------------------------------
 
     def start_attempt(
@@ -279,6 +292,7 @@ class DeliveryObligation(Aggregate):
         require_aware("now", now)
         said = None if guard is None else _send_guard(guard)
         self._require_state("attempting", ObligationState.PENDING, ObligationState.FAILED)
+        self._require_not_quarantined("attempting")
         if self.fence > 0 and by != self.owner:
             raise self._refuse("attempting", f"claimed by {self.owner.describe()}; fenced out")
         self._trigger("Attempting", by=by, fence=self.fence, timestamp=now, guard=said)
@@ -485,6 +499,7 @@ class DeliveryObligation(Aggregate):
         """A recovery sweep takes the obligation over from a dead owner."""
         require_aware("now", now)
         self._require_state("claimed", *UNRESOLVED_STATES)
+        self._require_not_quarantined("claimed")
         if by == self.owner:
             raise self._refuse("claimed", "a process never claims its own obligation")
         if self.recovery_attempts >= policy.max_attempts:
@@ -526,6 +541,7 @@ class DeliveryObligation(Aggregate):
         """
         require_aware("now", now)
         self._require_state("retry requested", *UNRESOLVED_STATES)
+        self._require_not_quarantined("retry requested")
         require_clear_text("requested_by", requested_by, allow_empty=True)
         self._retry_requested(
             by=by,
@@ -579,4 +595,51 @@ class DeliveryObligation(Aggregate):
     ) -> None:
         self.state = ObligationState.ABANDONED
         self.abandon_reason = AbandonReason(reason)
+        self.last_transition_at = timestamp
+
+    def quarantine(
+        self,
+        *,
+        reason: QuarantineReason,
+        found_at: int,
+        by: OwnerIdentity,
+        now: datetime,
+    ) -> None:
+        """A reader found event ``found_at`` unreadable (its sealed fields fail
+        authentication): the obligation is never sent again, only abandoned (ADR 0027).
+
+        Like a claim, it takes the obligation from its owner (a new fence), so an owner that
+        was only paused reports late instead of resolving it.
+        """
+        require_aware("now", now)
+        try:
+            reason = QuarantineReason(reason)
+        except ValueError:
+            raise InvalidInput(f"unknown quarantine reason {reason!r}") from None
+        if not isinstance(found_at, int) or isinstance(found_at, bool) or found_at < 1:
+            raise InvalidInput("found_at must be an event version (an int >= 1)")
+        self._require_state("quarantined", *UNRESOLVED_STATES)
+        self._require_not_quarantined("quarantined")
+        self._quarantined(
+            by=by,
+            previous_owner=self.owner,
+            reason=reason.value,
+            found_at=found_at,
+            fence=self.fence + 1,
+            timestamp=now,
+        )
+
+    @event("Quarantined")
+    def _quarantined(
+        self,
+        by: OwnerIdentity,
+        previous_owner: OwnerIdentity,
+        reason: str,
+        found_at: int,
+        fence: int,
+        timestamp: datetime,
+    ) -> None:
+        self.quarantine_reason = QuarantineReason(reason)
+        self.owner = by
+        self.fence = fence
         self.last_transition_at = timestamp

@@ -93,6 +93,19 @@ class AbandonReason(StrEnum):
     ERASED = "erased"
 
 
+class QuarantineReason(StrEnum):
+    """Why an obligation is quarantined: not claimed, not sent, not delivered (ADR 0027)."""
+
+    UNKNOWN_TOPIC = "unknown_topic"  # an event type this version does not know
+    UNDECODABLE = "undecodable"  # stored bytes that do not decode into a well-formed event
+    UNREADABLE = "unreadable"  # sealed personal fields that fail authentication
+
+
+QUARANTINED = "quarantined"
+"""The obligation index's state value for a quarantined obligation (not an
+``ObligationState``: the aggregate keeps its state; the index shows this one instead)."""
+
+
 def require_text(name: str, value: object, *, allow_empty: bool = False) -> str:
     """Refuse what cannot be stored and read back exactly (wrong type, lone surrogates).
 

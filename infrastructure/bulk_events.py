@@ -10,13 +10,16 @@ eventsourcing 9.5 table layout (originator_id, originator_version, topic, state)
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
+import attrs
 from eventsourcing.application import Application
 from eventsourcing.persistence import StoredEvent
 
+from gateway_ledger.infrastructure.private_mapper import DECODING_ERRORS, Openings, Undecodable
 from gateway_ledger.infrastructure.sql_dialect import PostgresDialect, dialect_for
 
 MAX_IDS_PER_QUERY = 500
@@ -81,3 +84,55 @@ def load_aggregates(app: Application[Any], ids: Sequence[UUID]) -> dict[UUID, An
         if aggregate is not None:
             aggregates[originator_id] = aggregate
     return aggregates
+
+
+def decode_each(app: Application[Any], stored: Sequence[StoredEvent]) -> list[Any]:
+    """Decode many stored events, each on its own: one that does not decode comes back as
+    an ``Undecodable`` in its place and never fails the others (ADR 0027)."""
+    each = getattr(app.mapper, "decode_each", None)
+    if each is not None:
+        return list(each(stored))
+    found: list[Any] = []
+    for s in stored:
+        try:
+            found.append(app.mapper.to_domain_event(s))
+        except DECODING_ERRORS as e:
+            found.append(Undecodable.of(s, e))
+    return found
+
+
+@attrs.frozen
+class Loaded:
+    """Aggregates read for sending, each on its own (ADR 0027): those rebuilt, those that
+    could not be (the first event that did not decode or apply), and what opening found."""
+
+    aggregates: dict[UUID, Any]
+    undecodable: dict[UUID, Undecodable]
+    openings: Openings
+
+
+def load_each(app: Application[Any], ids: Sequence[UUID]) -> Loaded:
+    """The current state of each aggregate that exists, one bad event failing only its own."""
+    found = select_stored_events(app, ids)
+    flat = [s for stored in found.values() for s in stored]
+    watching = getattr(app.mapper, "watching", None)
+    with watching() if watching is not None else contextlib.nullcontext(Openings()) as openings:
+        events = iter(decode_each(app, flat))
+    aggregates: dict[UUID, Any] = {}
+    undecodable: dict[UUID, Undecodable] = {}
+    for originator_id, stored in found.items():
+        aggregate = None
+        for s in stored:
+            event: Any = next(events)
+            if originator_id in undecodable:
+                continue
+            if isinstance(event, Undecodable):
+                undecodable[originator_id] = event
+                continue
+            try:
+                aggregate = event.mutate(aggregate)
+            except DECODING_ERRORS as e:
+                undecodable[originator_id] = Undecodable.of(s, e)
+        if aggregate is not None and originator_id not in undecodable:
+            aggregates[originator_id] = aggregate
+    return Loaded(aggregates, undecodable, openings)

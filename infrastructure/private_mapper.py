@@ -21,6 +21,7 @@ and an aggregate whose state keeps personal data seals it in its snapshots too::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from binascii import a2b_base64, b2a_base64
 from collections.abc import Callable, Iterator, Sequence
@@ -40,8 +41,10 @@ from eventsourcing.persistence import (
     Transcoder,
     find_id_convertor,
 )
-from eventsourcing.utils import get_topic, resolve_topic
+from eventsourcing.utils import TopicError, get_topic, resolve_topic
 
+from gateway_ledger.domain.errors import UndecodableEvent
+from gateway_ledger.domain.values import QuarantineReason
 from gateway_ledger.infrastructure.key_table import key_table_for
 from gateway_ledger.infrastructure.keyed_recorder import KeyedSQLiteApplicationRecorder, KeyStaging
 from gateway_ledger.infrastructure.keyring import KeyRing, StagedKeys
@@ -52,6 +55,10 @@ log = logging.getLogger("gateway_ledger.privacy")
 
 ERASED = "[erased]"
 """What readers see where personal data was, once its subject's key is gone."""
+
+UNREADABLE = "[unreadable]"
+"""What readers see where sealed personal data fails authentication (tampered, bit rot):
+unlike ``[erased]``, the key exists and the ciphertext does not open with it."""
 
 SEALED = "_sealed_"
 ENCRYPT_ENV = "GATEWAY_LEDGER_ENCRYPT"
@@ -67,6 +74,112 @@ _KEYED_RECORDERS = {
 _MAX_REMEMBERED = 100_000
 _STATE_ONLY: ContextVar[bool] = ContextVar("gateway_ledger_state_only", default=False)
 _KEEP_SEALED: ContextVar[bool] = ContextVar("gateway_ledger_keep_sealed", default=False)
+
+
+@attrs.define
+class Openings:
+    """What opening sealed fields found while watched (see ``PrivateMapper.watching``):
+    the aggregates with a field whose key is destroyed, and those with a field that fails
+    authentication (first version). A sender asks this before handing text to a platform."""
+
+    erased: set[UUID] = attrs.field(factory=set)
+    unreadable: dict[UUID, int] = attrs.field(factory=dict)
+
+
+_WATCH: ContextVar[Openings | None] = ContextVar("gateway_ledger_openings", default=None)
+
+
+@attrs.frozen
+class Undecodable:
+    """A stored event that did not decode, in place of its domain event (ADR 0027)."""
+
+    originator_id: UUID
+    originator_version: int
+    topic: str
+    reason: QuarantineReason
+    detail: str
+    obligation_id: str | None = None
+    """Read from the bytes on a best-effort basis when the first event is the bad one."""
+
+    @classmethod
+    def of(cls, stored: StoredEvent, error: BaseException) -> Undecodable:
+        if isinstance(error, UndecodableEvent):
+            reason = QuarantineReason(error.reason)
+            detail = error.detail
+        elif isinstance(error, TopicError):
+            reason, detail = QuarantineReason.UNKNOWN_TOPIC, f"unknown event type {stored.topic}"
+        else:
+            reason, detail = QuarantineReason.UNDECODABLE, f"{type(error).__name__}: {error}"
+        return cls(
+            originator_id=stored.originator_id,  # type: ignore[arg-type]
+            originator_version=stored.originator_version,
+            topic=stored.topic,
+            reason=reason,
+            detail=detail.splitlines()[0][:200] if detail else "",
+            obligation_id=_named_id(stored),
+        )
+
+    def error(self) -> UndecodableEvent:
+        return UndecodableEvent(
+            str(self.originator_id), self.originator_version, self.reason.value, self.detail
+        )
+
+
+def _named_id(stored: StoredEvent) -> str | None:
+    """The ``obligation_id`` a first event's bytes still name, if they parse at all."""
+    if stored.originator_version != 1 or not stored.state:
+        return None
+    try:
+        value = orjson.loads(stored.state).get("obligation_id")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    return value if isinstance(value, str) and value.isprintable() else None
+
+
+DECODING_ERRORS: tuple[type[BaseException], ...] = (
+    UndecodableEvent,
+    TopicError,
+    MapperDeserialisationError,
+    TypeError,
+    ValueError,
+    KeyError,
+    AttributeError,
+    IndexError,
+)
+"""What stored bytes that are not a well-formed event raise while decoded (a store or
+key fault, such as ``PersistenceError`` or ``MasterKeyMismatch``, is none of these)."""
+
+
+def _well_formed(envelope: Any) -> bool:
+    """A sealed envelope names its subject, and its key and ciphertext when it has one."""
+    if type(envelope) is not dict or type(envelope.get("s")) is not str:
+        return False
+    if "c" in envelope or "k" in envelope:
+        return type(envelope.get("c")) is str and type(envelope.get("k")) is str
+    return True
+
+
+class _KeyFault(Exception):
+    """A fault of the keyring (bad master key, store down) met while opening an event: not
+    bad bytes, so never a quarantine; re-raised as the original error."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(str(original))
+        self.original = original
+
+
+_SHAPES: dict[type, frozenset[str]] = {}
+
+
+def _fields_of(cls: type) -> frozenset[str]:
+    """The fields an event of ``cls`` may have. (Which it must have the class does not
+    say: a field added later has a default in its mutator, not in the event class, so a
+    missing one is found when the event is applied.)"""
+    allowed = _SHAPES.get(cls)
+    if allowed is None:
+        fields = dataclasses.fields(cls) if dataclasses.is_dataclass(cls) else ()
+        allowed = _SHAPES[cls] = frozenset(f.name for f in fields)
+    return allowed
 
 
 @attrs.frozen
@@ -447,17 +560,60 @@ class PrivateMapper(Mapper[UUID]):
             _KEEP_SEALED.reset(token)
 
     def to_domain_event(self, stored_event: StoredEvent) -> Any:
-        return self._built(stored_event, *self._decoded(stored_event))
+        """The domain event; ``UndecodableEvent`` (a ``LedgerError`` naming the event) when
+        the stored bytes are not one this version can read."""
+        try:
+            return self._built(stored_event, *self._decoded(stored_event))
+        except _KeyFault as fault:
+            raise fault.original from None
+        except DECODING_ERRORS as e:
+            raise Undecodable.of(stored_event, e).error() from e
 
     def to_domain_events(self, stored_events: Sequence[StoredEvent]) -> list[Any]:
         """Like ``to_domain_event`` for each, with the data keys they need read in one go."""
-        decoded = [self._decoded(s) for s in stored_events]
+        found = self.decode_each(stored_events)
+        for event in found:
+            if type(event) is Undecodable:
+                raise event.error()
+        return found
+
+    def decode_each(self, stored_events: Sequence[StoredEvent]) -> list[Any]:
+        """Like ``to_domain_events``, but an event that does not decode is returned as an
+        :class:`Undecodable` in its place instead of failing the others (ADR 0027)."""
+        decoded: list[Any] = []
+        for stored in stored_events:
+            try:
+                decoded.append(self._decoded(stored))
+            except DECODING_ERRORS as e:
+                decoded.append(Undecodable.of(stored, e))
         self.keyring.prefetch_opening(
-            (envelope["s"], envelope["k"])
-            for _, _, envelope in decoded
-            if envelope is not None and "c" in envelope
+            (d[2]["s"], d[2]["k"])
+            for d in decoded
+            if type(d) is tuple and d[2] is not None and "c" in d[2]
         )
-        return [self._built(s, *d) for s, d in zip(stored_events, decoded, strict=True)]
+        events: list[Any] = []
+        for stored, d in zip(stored_events, decoded, strict=True):
+            if type(d) is not tuple:
+                events.append(d)
+                continue
+            try:
+                events.append(self._built(stored, *d))
+            except _KeyFault as fault:
+                raise fault.original from None
+            except DECODING_ERRORS as e:
+                events.append(Undecodable.of(stored, e))
+        return events
+
+    @staticmethod
+    @contextlib.contextmanager
+    def watching() -> Iterator[Openings]:
+        """Within: every aggregate whose sealed fields could not be opened is noted."""
+        openings = Openings()
+        token = _WATCH.set(openings)
+        try:
+            yield openings
+        finally:
+            _WATCH.reset(token)
 
     def _decoded(
         self, stored_event: StoredEvent
@@ -474,6 +630,13 @@ class PrivateMapper(Mapper[UUID]):
             )
             raise MapperDeserialisationError(msg) from e
         envelope = event_state.pop(SEALED, None)
+        if envelope is not None and not _well_formed(envelope):
+            raise UndecodableEvent(
+                str(stored_event.originator_id),
+                stored_event.originator_version,
+                QuarantineReason.UNDECODABLE.value,
+                "malformed sealed envelope",
+            )
         if envelope is not None and (_STATE_ONLY.get() or _KEEP_SEALED.get()):
             spec = self.policy.by_topic.get(stored_event.topic)
             if _KEEP_SEALED.get() or (spec is not None and spec.state_free):
@@ -490,7 +653,7 @@ class PrivateMapper(Mapper[UUID]):
     ) -> Any:
         if envelope is not None:
             target = event_state["state"] if issubclass(cls, Snapshot) else event_state
-            self._open(envelope, target, stored_event)
+            self._open(envelope, target, stored_event, cls)
         id_convertor = find_id_convertor(cls, type(stored_event.originator_id))  # type: ignore[arg-type]
         event_state["originator_id"] = id_convertor(stored_event.originator_id)
         event_state["originator_version"] = stored_event.originator_version
@@ -499,18 +662,34 @@ class PrivateMapper(Mapper[UUID]):
         while from_version < class_version:
             getattr(cls, f"upcast_v{from_version}_v{from_version + 1}")(event_state)
             from_version += 1
+        allowed = _fields_of(cls)
+        if allowed and not event_state.keys() <= allowed:
+            raise UndecodableEvent(
+                str(stored_event.originator_id),
+                stored_event.originator_version,
+                QuarantineReason.UNDECODABLE.value,
+                f"{cls.__name__} with unknown fields {sorted(event_state.keys() - allowed)}",
+            )
         domain_event: Any = object.__new__(cls)
         object.__setattr__(domain_event, "__dict__", event_state)
         return domain_event
 
-    def _open(self, envelope: dict[str, str], state: dict[str, Any], stored: StoredEvent) -> None:
+    def _open(
+        self, envelope: dict[str, str], state: dict[str, Any], stored: StoredEvent, cls: type
+    ) -> None:
         subject = envelope["s"]
         self._remember(str(stored.originator_id), subject)
         if "c" not in envelope:
             return
         key_id = envelope["k"]
-        key = self.keyring.opening_key(subject, key_id)
+        try:
+            key = self.keyring.opening_key(subject, key_id)
+        except Exception as e:
+            raise _KeyFault(e) from e
         if key is None:
+            watch = _WATCH.get()
+            if watch is not None:
+                watch.erased.add(stored.originator_id)  # type: ignore[arg-type]
             return  # erased: the clear placeholders are what remains
         _, aead = key
         blob = a2b_base64(envelope["c"])
@@ -524,10 +703,15 @@ class PrivateMapper(Mapper[UUID]):
             )
         except InvalidTag:
             log.warning(
-                "sealed fields of %s v%d fail authentication; shown as erased",
+                "sealed fields of %s v%d fail authentication; shown as %s",
                 stored.originator_id,
                 stored.originator_version,
+                UNREADABLE,
             )
+            watch = _WATCH.get()
+            if watch is not None:
+                watch.unreadable.setdefault(stored.originator_id, stored.originator_version)  # type: ignore[arg-type]
+            self._mark_unreadable(state, stored, cls)
             return
         secret: dict[str, Any] = self.transcoder.decode(plain)
         nested: dict[str, dict[str, Any]] = {}
@@ -541,6 +725,23 @@ class PrivateMapper(Mapper[UUID]):
             # A copy with the opened fields, without re-running validators: GCM has just
             # authenticated these values, which were valid when they were sealed.
             state[head] = _with_placeholders(state[head], changes)
+
+    def _mark_unreadable(self, state: dict[str, Any], stored: StoredEvent, cls: type) -> None:
+        """Text placeholders of fields that fail authentication read ``[unreadable]``."""
+        spec = None if issubclass(cls, Snapshot) else self.policy.by_topic.get(stored.topic)
+        if spec is None:  # a snapshot keeps its placeholders; the watcher has noted it
+            return
+        plan = _plan(spec.fields)
+        for head in plan.plain:
+            if state.get(head) == ERASED:
+                state[head] = UNREADABLE
+        for head, attributes in plan.nested:
+            holder = state.get(head)
+            changes = {
+                attr: UNREADABLE for attr, _ in attributes if getattr(holder, attr, None) == ERASED
+            }
+            if changes:
+                state[head] = _with_placeholders(holder, changes)
 
 
 class PrivateEvents:

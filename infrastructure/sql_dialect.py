@@ -38,6 +38,11 @@ class SqlDialect:
     name = "sql"
     for_update = ""
 
+    @property
+    def data_errors(self) -> tuple[type[BaseException], ...]:
+        """What a statement raises, at once, for values this store cannot hold."""
+        return ()
+
     def __init__(self, datastore: Any) -> None:
         self.datastore = datastore
 
@@ -47,6 +52,20 @@ class SqlDialect:
     def sql(self, text: str) -> str:
         """SQL written with ``?`` placeholders, in this store's placeholder style."""
         return text
+
+    def add_missing_columns(self, cursor: Cursor, name: str, columns: dict[str, str]) -> None:
+        """Add to table ``name`` the columns (name -> SQL type) it lacks: a view created by
+        an earlier release gains them (NULL in its old rows) instead of failing to open."""
+        present = self.column_names(cursor, name)
+        for column, kind in columns.items():
+            if column not in present:
+                cursor.execute(
+                    f"ALTER TABLE {self.table(name)} ADD COLUMN {check_identifier(column)} {kind}"
+                )
+
+    def column_names(self, cursor: Cursor, name: str) -> set[str]:
+        cursor.execute("SELECT name FROM pragma_table_info(?)", (check_identifier(name),))
+        return {str(row["name"]) for row in cursor.fetchall()}
 
     @contextmanager
     def write_transaction(self) -> Iterator[Cursor]:
@@ -60,6 +79,13 @@ class SqlDialect:
 
 class SQLiteDialect(SqlDialect):
     name = "sqlite"
+
+    @property
+    def data_errors(self) -> tuple[type[BaseException], ...]:
+        """What a statement raises, at once, for values this store cannot hold."""
+        import sqlite3
+
+        return (sqlite3.IntegrityError, sqlite3.DataError)
 
     @contextmanager
     def write_transaction(self) -> Iterator[Cursor]:
@@ -90,12 +116,27 @@ class PostgresDialect(SqlDialect):
     name = "postgres"
     for_update = " FOR UPDATE"
 
+    @property
+    def data_errors(self) -> tuple[type[BaseException], ...]:
+        """What a statement raises, at once, for values this store cannot hold (a NUL in
+        text is refused while the parameters are adapted, before anything is sent)."""
+        import psycopg
+
+        return (psycopg.DataError,)
+
     def table(self, name: str) -> str:
         schema = check_identifier(self.datastore.schema)
         return f'"{schema}"."{check_identifier(name)}"'
 
     def sql(self, text: str) -> str:
         return text.replace("?", "%s")
+
+    def add_missing_columns(self, cursor: Cursor, name: str, columns: dict[str, str]) -> None:
+        for column, kind in columns.items():
+            cursor.execute(
+                f"ALTER TABLE {self.table(name)} "
+                f"ADD COLUMN IF NOT EXISTS {check_identifier(column)} {kind}"
+            )
 
     @contextmanager
     def write_transaction(self) -> Iterator[Cursor]:

@@ -19,10 +19,19 @@ import attrs
 from eventsourcing.application import Application
 
 from gateway_ledger.domain.obligation import DeliveryObligation
-from gateway_ledger.domain.values import ErrorClass, ObligationState
-from gateway_ledger.infrastructure.private_mapper import ERASED
+from gateway_ledger.domain.values import (
+    QUARANTINED,
+    ErrorClass,
+    ObligationState,
+    QuarantineReason,
+)
+from gateway_ledger.infrastructure.private_mapper import ERASED, Undecodable
 from gateway_ledger.infrastructure.sql_dialect import Cursor, SqlDialect
-from gateway_ledger.projections.obligation_view import ObligationView
+from gateway_ledger.projections.obligation_view import (
+    QUARANTINE_COLUMNS,
+    STILL_READ,
+    ObligationView,
+)
 from gateway_ledger.projections.recoverable import from_micros, to_micros
 
 INDEX_NAME = "obligation_index"
@@ -48,6 +57,8 @@ COLUMNS = (
     "error_class",
     "abandon_reason",
     "version",
+    "quarantine_reason",
+    "quarantine_version",
 )
 
 
@@ -73,6 +84,8 @@ class IndexEntry:
     error_class: str | None
     abandon_reason: str | None
     version: int
+    quarantine_reason: str | None = None
+    quarantine_version: int | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> IndexEntry:
@@ -96,6 +109,10 @@ class IndexEntry:
             error_class=row["error_class"],
             abandon_reason=row["abandon_reason"],
             version=int(row["version"]),
+            quarantine_reason=row["quarantine_reason"],
+            quarantine_version=(
+                None if row["quarantine_version"] is None else int(row["quarantine_version"])
+            ),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -146,8 +163,11 @@ class ObligationIndex(ObligationView):
             "arrived_before INTEGER NOT NULL, "
             "error_class TEXT, "
             "abandon_reason TEXT, "
-            "version BIGINT NOT NULL)"
+            "version BIGINT NOT NULL, "
+            "quarantine_reason TEXT, "
+            "quarantine_version BIGINT)"
         )
+        dialect.add_missing_columns(cursor, self.name, QUARANTINE_COLUMNS)
         for suffix, columns in (
             ("by_state", "state, recorded_at"),
             ("by_subject", "subject_id, recorded_at"),
@@ -188,6 +208,8 @@ class ObligationIndex(ObligationView):
                 None,
                 None,
                 version,
+                None,
+                None,
             )
             marks = ", ".join("?" * len(COLUMNS))
             cursor.execute(
@@ -238,15 +260,54 @@ class ObligationIndex(ObligationView):
                 "recovery_attempts = 0, fence = ?"
             )
             params = (ObligationState.PENDING.value, event.by.host, event.by.pid, event.fence)
+        elif kind == "Quarantined":
+            sets = (
+                "state = ?, owner_host = ?, owner_pid = ?, fence = ?, "
+                "quarantine_reason = ?, quarantine_version = ?"
+            )
+            params = (
+                QUARANTINED,
+                event.by.host,
+                event.by.pid,
+                event.fence,
+                QuarantineReason(event.reason).value,
+                int(event.found_at),
+            )
         else:
             sets, params = "state = state", ()  # PartDelivered, or a type added later
         cursor.execute(
             sql(
                 f"UPDATE {self.table} SET {sets}, last_transition_at = ?, version = ? "
-                "WHERE aggregate_id = ?"
+                f"WHERE aggregate_id = ? AND {STILL_READ}"
             ),
             (*params, moment, version, key),
         )
+
+    def quarantine_row(self, bad: Undecodable) -> dict[str, Any]:
+        return {
+            "obligation_id": bad.obligation_id or bad.originator_id.hex,
+            "platform": "",
+            "subject_id": "",
+            "owner_host": "",
+            "owner_pid": 0,
+            "recorded_at": 0,
+            "last_transition_at": 0,
+            "send_attempts": 0,
+            "claims": 0,
+            "recovery_attempts": 0,
+            "retries": 0,
+            "fence": 0,
+            "may_have_arrived": 0,
+            "arrived_before": 0,
+        }
+
+    def prepare(self) -> None:
+        """Set the keyring up before the view's transaction: naming a subject from a clear
+        session key needs it, and its first set-up writes through another connection,
+        which would wait on this transaction's lock on SQLite."""
+        keyring = getattr(self.app.mapper, "keyring", None)
+        if keyring is not None:
+            keyring.table  # noqa: B018 (the property sets the keyring up)
 
     def _subject(self, event: Any) -> str:
         """The keyed subject id of the session: named by the sealed envelope (the session

@@ -20,9 +20,19 @@ import attrs
 from eventsourcing.application import Application
 
 from gateway_ledger.domain.obligation import DeliveryObligation
-from gateway_ledger.domain.values import ObligationState, OwnerIdentity
+from gateway_ledger.domain.values import (
+    QUARANTINED,
+    ObligationState,
+    OwnerIdentity,
+    QuarantineReason,
+)
+from gateway_ledger.infrastructure.private_mapper import Undecodable
 from gateway_ledger.infrastructure.sql_dialect import Cursor, SqlDialect
-from gateway_ledger.projections.obligation_view import ObligationView
+from gateway_ledger.projections.obligation_view import (
+    QUARANTINE_COLUMNS,
+    STILL_READ,
+    ObligationView,
+)
 
 VIEW_NAME = "recoverable_obligations"
 
@@ -52,6 +62,10 @@ class RecoverableEntry:
     recorded_at: datetime
     last_transition_at: datetime
     version: int
+
+    @property
+    def is_quarantined(self) -> bool:
+        return self.state == QUARANTINED
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> RecoverableEntry:
@@ -121,8 +135,11 @@ class RecoverableObligations(ObligationView):
             "recovery_attempts INTEGER NOT NULL, "
             "recorded_at BIGINT NOT NULL, "
             "last_transition_at BIGINT NOT NULL, "
-            "version BIGINT NOT NULL)"
+            "version BIGINT NOT NULL, "
+            "quarantine_reason TEXT, "
+            "quarantine_version BIGINT)"
         )
+        dialect.add_missing_columns(cursor, self.name, QUARANTINE_COLUMNS)
         index = f"{self.name}_by_recorded_at"
         cursor.execute(
             f"CREATE INDEX IF NOT EXISTS {index} ON {self.table} (recorded_at, obligation_id)"
@@ -158,7 +175,29 @@ class RecoverableObligations(ObligationView):
                 values,
             )
         elif kind in _LEAVES:
-            cursor.execute(sql(f"DELETE FROM {self.table} WHERE aggregate_id = ?"), (aggregate_id,))
+            cursor.execute(
+                sql(f"DELETE FROM {self.table} WHERE aggregate_id = ? AND {STILL_READ}"),
+                (aggregate_id,),
+            )
+        elif kind == "Quarantined":
+            # Not claimable any more, but still owed: it stays, so every sweep counts it.
+            cursor.execute(
+                sql(
+                    f"UPDATE {self.table} SET state = ?, owner_host = ?, owner_boot_id = ?, "
+                    "owner_pid = ?, owner_start_time = ?, owner_installation_id = ?, "
+                    "quarantine_reason = ?, quarantine_version = ?, "
+                    f"last_transition_at = ?, version = ? WHERE aggregate_id = ? AND {STILL_READ}"
+                ),
+                (
+                    QUARANTINED,
+                    *_owner_params(event.by),
+                    QuarantineReason(event.reason).value,
+                    int(event.found_at),
+                    moment,
+                    version,
+                    aggregate_id,
+                ),
+            )
         elif kind in _OWNER_MOVES:
             attempts = 0 if kind == "RetryRequested" else getattr(event, "recovery_attempt", None)
             cursor.execute(
@@ -166,7 +205,7 @@ class RecoverableObligations(ObligationView):
                     f"UPDATE {self.table} SET state = ?, owner_host = ?, owner_boot_id = ?, "
                     "owner_pid = ?, owner_start_time = ?, owner_installation_id = ?, "
                     "recovery_attempts = COALESCE(?, recovery_attempts), "
-                    "last_transition_at = ?, version = ? WHERE aggregate_id = ?"
+                    f"last_transition_at = ?, version = ? WHERE aggregate_id = ? AND {STILL_READ}"
                 ),
                 (
                     _OWNER_MOVES[kind].value,
@@ -184,10 +223,24 @@ class RecoverableObligations(ObligationView):
             cursor.execute(
                 sql(
                     f"UPDATE {self.table} SET state = COALESCE(?, state), "
-                    "last_transition_at = ?, version = ? WHERE aggregate_id = ?"
+                    f"last_transition_at = ?, version = ? WHERE aggregate_id = ? AND {STILL_READ}"
                 ),
                 (state.value if state else None, moment, version, aggregate_id),
             )
+
+    def quarantine_row(self, bad: Undecodable) -> dict[str, Any]:
+        return {
+            "obligation_id": bad.obligation_id or bad.originator_id.hex,
+            "platform": "",
+            "owner_host": "unknown",  # its events do not say (never read: it is not claimed)
+            "owner_boot_id": "",
+            "owner_pid": 0,
+            "owner_start_time": None,
+            "owner_installation_id": "",
+            "recovery_attempts": 0,
+            "recorded_at": 0,
+            "last_transition_at": 0,
+        }
 
     # -- use --------------------------------------------------------------------------------
 

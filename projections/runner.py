@@ -8,6 +8,11 @@ commit loses nothing (the next catch-up re-reads the same notifications); a cras
 it repeats nothing. Each projection has its own tracking table, so views never share a
 position.
 
+One event that does not decode (a flipped byte, an event type a newer release wrote) or
+that the projection cannot apply never stops the view: it is handed to the projection's
+``quarantine`` in its place, in the same transaction as the position, so a rebuild finds
+the same (ADR 0027).
+
 Several processes may catch the same view up at once: notifications are read outside
 the write transaction, then the transaction locks the tracking row, re-reads the position
 and applies only what is still beyond it.
@@ -21,11 +26,13 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+import attrs
 from eventsourcing.application import Application
 from eventsourcing.persistence import IntegrityError, Notification
 
 from gateway_ledger.domain.errors import LedgerError
-from gateway_ledger.infrastructure.bulk_events import to_domain_events
+from gateway_ledger.infrastructure.bulk_events import decode_each
+from gateway_ledger.infrastructure.private_mapper import DECODING_ERRORS, Undecodable
 from gateway_ledger.infrastructure.sql_dialect import Cursor, SqlDialect, dialect_for
 from gateway_ledger.infrastructure.store import is_read_only
 
@@ -46,6 +53,17 @@ class Projection(Protocol):
         """Change the view for one decoded domain event (ignore what is not yours)."""
 
     def clear(self, cursor: Cursor, dialect: SqlDialect) -> None: ...
+
+    def quarantine(self, cursor: Cursor, dialect: SqlDialect, bad: Undecodable) -> None:
+        """Record that the aggregate of ``bad`` has an event this view cannot read."""
+
+
+class _Refused(Exception):
+    """The projection could not apply one decoded event: redo the batch without it."""
+
+    def __init__(self, index: int, bad: Undecodable) -> None:
+        self.index = index
+        self.bad = bad
 
 
 # A projection may set ``topic_prefix``: notifications whose topic does not start with it
@@ -177,7 +195,11 @@ class ProjectionRunner:
         return applied
 
     def _apply_batch(self, notifications: Sequence[Notification]) -> tuple[int, int]:
-        """Decode outside the lock; apply the part still ahead of the position, atomically."""
+        """Decode outside the lock; apply the part still ahead of the position, atomically.
+
+        An event that does not decode, or that the projection refuses (raises on it), goes
+        to ``quarantine`` instead; a refusal rolls the batch back and redoes it so.
+        """
         mapper = self.app.mapper
         # On SQLite several applications share one events table: decode only our topics.
         prefix = getattr(self.projection, "topic_prefix", "")
@@ -186,14 +208,46 @@ class ProjectionRunner:
             sealed = contextlib.nullcontext
         ours = [n for n in notifications if n.topic.startswith(prefix)]
         with sealed():
-            decoded = to_domain_events(self.app, ours)
+            decoded = decode_each(self.app, ours)
         events = [(n.id, event) for n, event in zip(ours, decoded, strict=True)]
         last_id = notifications[-1].id
+        prepare = getattr(self.projection, "prepare", None)
+        if prepare is not None:
+            prepare()  # what must not write inside the view's transaction (SQLite: a lock)
+        while True:
+            try:
+                return self._apply_events(events, last_id)
+            except _Refused as refused:
+                nid, _ = events[refused.index]
+                events[refused.index] = (nid, refused.bad)
+
+    def _apply_events(self, events: list[tuple[int, Any]], last_id: int) -> tuple[int, int]:
+        projection = self.projection
+        quarantine = getattr(projection, "quarantine", None)
+        refused = (*DECODING_ERRORS, *self.dialect.data_errors)
         with self.dialect.write_transaction() as c:
             current = self._read_position(c, lock=True)
-            todo = [event for nid, event in events if nid > current]
-            for event in todo:
-                self.projection.apply(c, self.dialect, event)
+            todo = 0
+            for index, (nid, event) in enumerate(events):
+                if nid <= current:
+                    continue
+                todo += 1
+                if isinstance(event, Undecodable):
+                    log.error(
+                        "projection %s: event v%d of %s quarantined (%s): %s",
+                        projection.name,
+                        event.originator_version,
+                        event.originator_id,
+                        event.reason.value,
+                        event.detail,
+                    )
+                    if quarantine is not None:
+                        quarantine(c, self.dialect, event)
+                    continue
+                try:
+                    projection.apply(c, self.dialect, event)
+                except refused as e:
+                    raise _Refused(index, _refused(event, e)) from e
             if last_id > current:
                 c.execute(
                     self.dialect.sql(
@@ -202,7 +256,7 @@ class ProjectionRunner:
                     ),
                     (last_id, self.app.name),
                 )
-        return len(todo), max(current, last_id)
+        return todo, max(current, last_id)
 
     def rebuild(self, *, batch_size: int = DEFAULT_BATCH_SIZE) -> int:
         """Empty the view and replay the whole log into it: the view is only an index."""
@@ -220,3 +274,20 @@ class ProjectionRunner:
         applied = self.catch_up(batch_size=batch_size)
         log.info("projection %s rebuilt from %d events", self.projection.name, applied)
         return applied
+
+
+def _refused(event: Any, error: BaseException) -> Undecodable:
+    """A decoded event the projection (or the store) refused, as an ``Undecodable``."""
+    from eventsourcing.persistence import StoredEvent
+    from eventsourcing.utils import get_topic
+
+    stored = StoredEvent(
+        originator_id=event.originator_id,
+        originator_version=event.originator_version,
+        topic=get_topic(type(event)),
+        state=b"",
+    )
+    named = getattr(event, "obligation_id", None)
+    if not (isinstance(named, str) and named.isprintable()):
+        named = None
+    return attrs.evolve(Undecodable.of(stored, error), obligation_id=named)

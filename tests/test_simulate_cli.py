@@ -47,6 +47,8 @@ def test_simulate_loses_nothing_and_labels_every_duplicate(seed: int, tmp_path: 
         "double_claim",
         "claim_from_live_owner",
         "late_result",
+        "undecodable_event",
+        "unreadable_fields",
     }
     assert not any(report["audit_problems"].values()), report["audit_problems"]
     assert report["unresolved"] == 0

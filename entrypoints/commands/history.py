@@ -51,6 +51,8 @@ def _facts(kind: str, f: dict[str, Any]) -> str:
         facts.append(f"receipt={len(f.get('receipt') or [])} id(s)")
     if kind == "Abandoned":
         facts.append(f"reason={f.get('reason')}")
+    if kind == "Quarantined":
+        facts.append(f"reason={f.get('reason')} found_at=v{f.get('found_at')}")
     if kind == "RetryRequested":
         facts.append(f"by operator {f.get('requested_by') or '?'}")
     if kind == "Recorded":
@@ -67,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     status = timeline.status
     when = f" as of {at.isoformat()}" if at else ""
-    print(f"obligation {timeline.obligation_id}{when}: {status.state}")
+    quarantined = f" (QUARANTINED: {status.quarantine_reason})" if status.quarantine_reason else ""
+    print(f"obligation {timeline.obligation_id}{when}: {status.state}{quarantined}")
     print(
         f"  sends {status.send_attempts}, recovery claims {status.recovery_attempts}, "
         f"fence {status.fence}, marker {'yes' if status.needs_marker else 'no'}"

@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
             e.send_attempts,
             e.claims,
             e.needs_marker,
-            e.abandon_reason or e.error_class,
+            e.quarantine_reason or e.abandon_reason or e.error_class,
         ]
         for e in entries
     ]

@@ -26,6 +26,14 @@ def run(args: argparse.Namespace) -> int:
     states = list(stats.by_state)
     print(f"gateway-ledger status ({args.db})")
     print(f"  obligations: {stats.total}, unresolved: {stats.unresolved}")
+    if stats.quarantined:
+        shown = ", ".join(stats.quarantined_ids[:10])
+        more = stats.quarantined - min(10, len(stats.quarantined_ids))
+        print(
+            f"  QUARANTINED: {stats.quarantined} (unreadable events: never sent, never counted "
+            f"as delivered; gateway-ledger list --state quarantined): {shown}"
+            + (f" and {more} more" if more > 0 else "")
+        )
     if stats.oldest_unresolved_id is not None:
         print(
             f"  oldest unresolved: {stats.oldest_unresolved_id} "
