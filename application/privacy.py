@@ -97,6 +97,7 @@ DELIVERY_PRIVACY = PrivacyPolicy(
     ),
     InClear(_Obligation.RetryRequested, ("by", "previous_owner", "requested_by", "fence")),
     SealedEvent(_Obligation.Abandoned, ("detail",), clear=("reason", "by")),
+    InClear(_Obligation.Quarantined, ("by", "previous_owner", "reason", "found_at", "fence")),
     InClear(
         _Erasure.SubjectErased,
         ("subject_id", "by", "requested_by", "destroyed_keys", "abandoned", "sessions"),

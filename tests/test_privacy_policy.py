@@ -39,7 +39,7 @@ from gateway_ledger.domain.session_route import (
     route_uuid,
 )
 from gateway_ledger.domain.session_source import SessionSource
-from gateway_ledger.domain.values import MediaItem, OwnerIdentity
+from gateway_ledger.domain.values import MediaItem, OwnerIdentity, QuarantineReason
 from gateway_ledger.infrastructure.master_key import MASTER_KEY_ENV
 from gateway_ledger.infrastructure.private_mapper import ERASED, PrivacyPolicy
 
@@ -150,6 +150,14 @@ def write_every_event_type(ledger: DeliveryLedger, store: SessionStore) -> None:
         obligation_id="o-dropped", session_key=key, platform="telegram", chat_id="c", content="x"
     )
     ledger.abandon("o-dropped", "operator", "abandon-detail-PII-4711")
+    ledger.record_obligation(
+        obligation_id="o-rotten", session_key=key, platform="telegram", chat_id="c", content="y"
+    )
+    obligation = ledger.repository.get(DeliveryObligation.create_id("o-rotten"))
+    obligation.quarantine(
+        reason=QuarantineReason.UNREADABLE, found_at=1, by=ledger.owner, now=ledger.clock()
+    )
+    ledger.save(obligation)  # Quarantined
     ledger.record_obligation(
         obligation_id="o-gone", session_key="agent:main:x:dm:gone", platform="x", chat_id="g",
         content="erased before the scan",
