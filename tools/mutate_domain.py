@@ -507,49 +507,126 @@ def make_sandbox(parent: Path, index: int) -> Path:
     return box
 
 
-def run_pytest(
-    box: Path, tests: Sequence[str], timeout: float, *, stop_first: bool = True
-) -> tuple[str, float]:
-    """``passed``, ``failed`` or ``timeout``, and the seconds it took."""
-    env = dict(os.environ, PYTHONPATH=str(box), PYTHONDONTWRITEBYTECODE="1")
-    env.pop("GATEWAY_LEDGER_REQUIRE_POSTGRES", None)
-    cmd = [
-        *(["nice", "-n", "10"] if shutil.which("nice") else []),
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "--no-header",
-        "-p",
-        "no:cacheprovider",
-        "-p",
-        PROFILE_PLUGIN,
-        "-k",
-        NOT_POSTGRES,
-        *(["-x"] if stop_first else []),
-        *tests,
-    ]
-    started = time.monotonic()
-    proc = subprocess.Popen(
-        cmd,
-        cwd=box,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,  # its own process group: a timeout ends its children too
-    )
-    try:
-        rc = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        return "timeout", time.monotonic() - started
-    seconds = time.monotonic() - started
-    if rc == 0:
-        return "passed", seconds
-    if rc == 5:
-        raise SystemExit(f"no tests collected from {' '.join(tests)}")
-    return "failed", seconds  # 1: a test failed; 2-4: collection or import broke
+PREIMPORT = (
+    "pytest",
+    "_pytest.python",
+    "hypothesis",
+    "hypothesis.stateful",
+    "attrs",
+    "orjson",
+    "sqlite3",
+    "psycopg",
+    "cryptography.hazmat.primitives.ciphers.aead",
+    "eventsourcing.domain",
+    "eventsourcing.application",
+    "eventsourcing.persistence",
+    "eventsourcing.sqlite",
+    "eventsourcing.postgres",
+    "eventsourcing.system",
+)
+
+
+def worker_loop(box: Path) -> None:
+    """One job's test runner: imports the libraries once, then forks a pytest per request.
+
+    Nothing of gateway_ledger is imported here, so every fork imports the sandbox's code as
+    it is at that moment. Requests and answers are JSON lines on stdin and stdout.
+    """
+    import importlib
+    import json
+
+    for name in PREIMPORT:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+    import pytest
+
+    child = [0]
+
+    def stop(signum: int, frame: object) -> None:
+        if child[0]:
+            try:
+                os.killpg(child[0], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        os._exit(1)
+
+    signal.signal(signal.SIGTERM, stop)
+    answers = sys.stdout
+    for line in sys.stdin:
+        job = json.loads(line)
+        started = time.monotonic()
+        pid = os.fork()
+        if pid == 0:  # the test run
+            os.setsid()  # its own process group: a timeout ends its children too
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, 1)
+            os.dup2(null, 2)
+            code = 3
+            try:
+                code = int(pytest.main(job["args"]))
+            finally:
+                os._exit(code)
+        child[0] = pid
+        deadline = started + job["timeout"]
+        outcome = ""
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                code = os.waitstatus_to_exitcode(status)
+                outcome = {0: "passed", 5: "no tests"}.get(code, "failed")
+                break
+            if time.monotonic() > deadline:
+                os.killpg(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                outcome = "timeout"
+                break
+            time.sleep(0.02)
+        child[0] = 0
+        answers.write(json.dumps({"outcome": outcome, "seconds": time.monotonic() - started}))
+        answers.write("\n")
+        answers.flush()
+
+
+class Worker:
+    """A sandbox and its runner process, started under ``nice``."""
+
+    def __init__(self, box: Path) -> None:
+        self.box = box
+        env = dict(os.environ, PYTHONPATH=str(box), PYTHONDONTWRITEBYTECODE="1")
+        env.pop("GATEWAY_LEDGER_REQUIRE_POSTGRES", None)
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(box)]
+        if shutil.which("nice"):
+            cmd = ["nice", "-n", "10", *cmd]
+        self.proc = subprocess.Popen(
+            cmd, cwd=box, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+
+    def run(
+        self, tests: Sequence[str], timeout: float, *, stop_first: bool = True
+    ) -> tuple[str, float]:
+        """``passed``, ``failed`` or ``timeout``, and the seconds it took."""
+        import json
+
+        args = ["-q", "--no-header", "-p", "no:cacheprovider", "-p", PROFILE_PLUGIN]
+        args += ["-k", NOT_POSTGRES, *(["-x"] if stop_first else []), *tests]
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps({"args": args, "timeout": timeout}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit("a test runner process ended unexpectedly")
+        answer = json.loads(line)
+        if answer["outcome"] == "no tests":
+            raise SystemExit(f"no tests collected from {' '.join(tests)}")
+        # failed: 1 a test failed; 2-4 collection or import broke (the mutant does not load)
+        return answer["outcome"], answer["seconds"]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()  # its handler ends a test run still going
+        self.proc.wait()
 
 
 def check_sandbox(box: Path) -> None:
@@ -576,11 +653,11 @@ class Plan:
     deadline: float | None
 
 
-def run_mutant(box: Path, m: Mutant, plan: Plan, sources: dict[str, bytes]) -> None:
-    target = box / m.file
+def run_mutant(worker: Worker, m: Mutant, plan: Plan, sources: dict[str, bytes]) -> None:
+    target = worker.box / m.file
     try:
         target.write_bytes(m.apply(sources[m.file]))
-        outcome, seconds = run_pytest(box, plan.fast, plan.fast_timeout)
+        outcome, seconds = worker.run(plan.fast, plan.fast_timeout)
         m.seconds = seconds
         if outcome != "passed":
             m.status, m.by = ("timeout" if outcome == "timeout" else "killed"), "fast"
@@ -588,7 +665,7 @@ def run_mutant(box: Path, m: Mutant, plan: Plan, sources: dict[str, bytes]) -> N
         m.status = "survived"
         if plan.full is None or (plan.deadline is not None and time.monotonic() > plan.deadline):
             return
-        outcome, seconds = run_pytest(box, plan.full, plan.full_timeout)
+        outcome, seconds = worker.run(plan.full, plan.full_timeout)
         m.seconds += seconds
         if outcome != "passed":
             m.status, m.by = ("timeout" if outcome == "timeout" else "killed"), "full"
@@ -597,7 +674,7 @@ def run_mutant(box: Path, m: Mutant, plan: Plan, sources: dict[str, bytes]) -> N
 
 
 def run_all(
-    mutants: list[Mutant], boxes: list[Path], plan: Plan, sources: dict[str, bytes], show: bool
+    mutants: list[Mutant], workers: list[Worker], plan: Plan, sources: dict[str, bytes], show: bool
 ) -> None:
     todo: queue.Queue[Mutant] = queue.Queue()
     for m in mutants:
@@ -606,15 +683,17 @@ def run_all(
     done = [0]
     total = len(mutants)
 
-    def worker(box: Path) -> None:
+    def work(worker: Worker) -> None:
         while True:
+            if stopping.is_set():
+                return
             if plan.deadline is not None and time.monotonic() > plan.deadline:
                 return
             try:
                 m = todo.get_nowait()
             except queue.Empty:
                 return
-            run_mutant(box, m, plan, sources)
+            run_mutant(worker, m, plan, sources)
             with lock:
                 done[0] += 1
                 if m.status == "survived" or show:
@@ -625,11 +704,18 @@ def run_all(
                     print(f"[{done[0]}/{total}] ...", flush=True)
                 sys.stdout.flush()
 
-    threads = [threading.Thread(target=worker, args=(box,)) for box in boxes]
+    stopping = threading.Event()
+    threads = [threading.Thread(target=work, args=(w,), daemon=True) for w in workers]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join()
+    try:
+        for t in threads:
+            while t.is_alive():
+                t.join(0.5)
+    except KeyboardInterrupt:
+        stopping.set()
+        print("\ninterrupted: ending the test runs; the working tree was never changed")
+        raise
 
 
 # -- report -------------------------------------------------------------------------------
@@ -738,37 +824,53 @@ def main(argv: Sequence[str] | None = None) -> int:
     fast = [t for t in FAST_TESTS if (ROOT / t).exists()]
     sources = {f: (ROOT / f).read_bytes() for f in files}
     started = time.monotonic()
+    signal.signal(signal.SIGTERM, _interrupt)  # a killed run still removes its sandboxes
     with tempfile.TemporaryDirectory(prefix="mutate-domain-") as tmp:
         boxes = [make_sandbox(Path(tmp), i) for i in range(args.jobs)]
         check_sandbox(boxes[0])
-        outcome, base_fast = run_pytest(boxes[0], fast, 600, stop_first=False)
-        if outcome != "passed":
-            print("the fast tests fail without any mutant: fix them first", file=sys.stderr)
-            return 2
-        full: list[str] | None = None
-        base_full = 0.0
-        if args.full:
-            full = ["tests"]
-            outcome, base_full = run_pytest(boxes[0], full, 3600, stop_first=False)
+        workers = [Worker(box) for box in boxes]
+        try:
+            outcome, base_fast = workers[0].run(fast, 600, stop_first=False)
             if outcome != "passed":
-                print("the SQLite suite fails without any mutant: fix it first", file=sys.stderr)
+                print("the fast tests fail without any mutant: fix them first", file=sys.stderr)
                 return 2
-        print(
-            f"{len(mutants)} mutants over {len(files)} file(s); fast tests {base_fast:.1f} s"
-            + (f", SQLite suite {base_full:.0f} s" if args.full else "")
-            + f"; {args.jobs} job(s)",
-            flush=True,
-        )
-        plan = Plan(
-            fast=fast,
-            full=full,
-            fast_timeout=base_fast * 4 + 20,
-            full_timeout=base_full * 3 + 60,
-            deadline=None if args.budget is None else started + args.budget,
-        )
-        run_all([m for m in mutants if m.status != "invalid"], boxes, plan, sources, args.show)
+            full: list[str] | None = None
+            base_full = 0.0
+            if args.full:
+                full = ["tests"]
+                outcome, base_full = workers[0].run(full, 3600, stop_first=False)
+                if outcome != "passed":
+                    print("the SQLite suite fails without any mutant: fix it", file=sys.stderr)
+                    return 2
+            print(
+                f"{len(mutants)} mutants over {len(files)} file(s); fast tests {base_fast:.1f} s"
+                + (f", SQLite suite {base_full:.0f} s" if args.full else "")
+                + f"; {args.jobs} job(s)",
+                flush=True,
+            )
+            plan = Plan(
+                fast=fast,
+                full=full,
+                fast_timeout=base_fast * 4 + 20,
+                full_timeout=base_full * 3 + 60,
+                deadline=None if args.budget is None else started + args.budget,
+            )
+            valid = [m for m in mutants if m.status != "invalid"]
+            run_all(valid, workers, plan, sources, args.show)
+        except KeyboardInterrupt:
+            return 130
+        finally:
+            for w in workers:
+                w.close()
     return report(files, mutants, skipped_text, allow, time.monotonic() - started)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    if sys.argv[1:2] == ["--worker"]:
+        worker_loop(Path(sys.argv[2]))
+    else:
+        sys.exit(main())
