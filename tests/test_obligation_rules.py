@@ -353,7 +353,7 @@ def test_a_part_index_must_name_a_part_of_this_reply() -> None:
     agg.start_attempt(by=A, now=at(1))
     agg.collect_events()
     for bad in (3, -1, 4):
-        with pytest.raises(InvalidInput, match="outside 0..2"):
+        with pytest.raises(InvalidInput, match=r"outside 0\.\.2"):
             agg.acknowledge_part(by=A, now=at(2), index=bad)
     for wrong_type in (True, "1", 1.0):
         with pytest.raises(InvalidInput, match="must be an int"):

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import copy
 import os
 import queue
@@ -275,6 +276,8 @@ class _Collector:
     def walk(self, node: ast.AST, ctx: _Ctx, *, module_level: bool = False) -> None:
         if isinstance(node, ast.Import | ast.ImportFrom | ast.Global | ast.Nonlocal):
             return
+        if _is_docstring(node):
+            return  # a docstring, or an attribute's docstring after it: documentation
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             self.scope(node, ctx)
             return
@@ -303,9 +306,12 @@ class _Collector:
             positions = ERROR_TEXT_ARGS.get(_call_name(node), ())
             if positions is None or index in positions:
                 err = True
-        if isinstance(node, ast.Call) and name == "keywords":
-            if ERROR_TEXT_ARGS.get(_call_name(node), ()) is None:
-                err = True
+        if (
+            isinstance(node, ast.Call)
+            and name == "keywords"
+            and ERROR_TEXT_ARGS.get(_call_name(node), ()) is None
+        ):
+            err = True
         anchor, path = ctx.anchor, ctx.path
         if anchor is not None:
             path = (*path, (name, index))
@@ -332,10 +338,10 @@ class _Collector:
             self.walk(stmt, inner)
 
     def statement(self, node: ast.stmt, ctx: _Ctx, *, module_level: bool) -> None:
-        if isinstance(node, DELETABLE) and not module_level and not _is_docstring(node):
-            if not (isinstance(node, ast.AnnAssign) and node.value is None):
-                first = _short(node).splitlines()[0]
-                self.add(ctx, node, f"delete '{first}'", "pass", err=False)
+        bare_annotation = isinstance(node, ast.AnnAssign) and node.value is None
+        if isinstance(node, DELETABLE) and not module_level and not bare_annotation:
+            first = _short(node).splitlines()[0]
+            self.add(ctx, node, f"delete '{first}'", "pass", err=False)
         test = getattr(node, "test", None)
         if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
             return  # negating ``not x`` is the "drop not" mutant again
@@ -360,9 +366,7 @@ class _Collector:
                 if swapped is None:
                     continue
 
-                def swap_cmp(
-                    n: ast.expr, i: int = i, new: type[ast.cmpop] = swapped
-                ) -> ast.expr:
+                def swap_cmp(n: ast.expr, i: int = i, new: type[ast.cmpop] = swapped) -> ast.expr:
                     n.ops[i] = new()  # type: ignore[attr-defined]
                     return n
 
@@ -536,20 +540,16 @@ def worker_loop(box: Path) -> None:
     import json
 
     for name in PREIMPORT:
-        try:
+        with contextlib.suppress(ImportError):
             importlib.import_module(name)
-        except ImportError:
-            pass
     import pytest
 
     child = [0]
 
     def stop(signum: int, frame: object) -> None:
         if child[0]:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(child[0], signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         os._exit(1)
 
     signal.signal(signal.SIGTERM, stop)
