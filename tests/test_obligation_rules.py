@@ -261,6 +261,9 @@ def test_each_send_is_counted_and_clears_the_platforms_retry_after(track: Any) -
     agg.fail(by=A, now=at(4), error="boom")
     assert agg.retry_after is None and agg.last_error == "boom"
     assert agg.error_class is ErrorClass.AMBIGUOUS  # the default judgement
+    agg.start_attempt(by=A, now=at(5))
+    agg.fail(by=A, now=at(6))
+    assert agg.last_error == ""  # no text given: none kept
 
 
 def test_a_send_is_confirmed_with_its_receipt(track: Any) -> None:
@@ -342,7 +345,7 @@ def test_each_part_is_confirmed_once_with_its_receipt(track: Any) -> None:
     assert agg.delivered_parts == {"0": ["m-0"], "2": ["12"]}
     assert [agg.part_delivered(i) for i in range(3)] == [True, False, True]
     assert agg.last_transition_at == at(3) and agg.state is ObligationState.ATTEMPTING
-    t.new_events()
+    assert names(t.new_events())[-2:] == ["PartDelivered", "PartDelivered"]
     with pytest.raises(IllegalTransition, match="already confirmed"):
         agg.acknowledge_part(by=A, now=at(4), index=2, receipt=["m-2 again"])
     assert t.new_events() == [] and agg.delivered_parts["2"] == ["12"]
@@ -454,6 +457,8 @@ def test_late_results_are_history_never_transitions(track: Any) -> None:
         "e" * 500,
     )
     assert (delivered.outcome, delivered.receipt, delivered.part) == ("delivered", ["m"], None)
+    assert (delivered.error, delivered.classification) == ("", None)
+    assert (part.error, part.classification, failed.receipt) == ("", None, [])
     for late in (part, failed, delivered):
         assert (late.by, late.fence, late.current_fence, late.late) == (A, None, 1, True)
         assert late.timestamp in (at(3), at(4), at(5))
@@ -472,6 +477,20 @@ def test_a_late_success_makes_every_later_send_a_possible_duplicate(track: Any) 
     agg.fail(by=B, now=at(5), classification=ErrorClass.REJECTED)
     assert agg.needs_marker is True
     agg.claim(by=C, now=at(6), policy=POLICY)
+    assert t.new_events()[-1].needs_marker is True
+
+
+def test_a_late_success_after_a_refused_resend_raises_the_marker_at_once(track: Any) -> None:
+    """Record; B claims; B's send is refused (nothing may have arrived); A's late success:
+    the reply did arrive, so the marker is due before B even starts again."""
+    t = track(record())
+    agg = t.agg
+    agg.claim(by=B, now=at(1), policy=POLICY)
+    agg.fail(by=B, now=at(2), classification=ErrorClass.REJECTED)
+    assert agg.needs_marker is False
+    agg.confirm_delivery(by=A, now=at(3), receipt=["a-1"])
+    assert agg.needs_marker is True
+    agg.claim(by=C, now=at(4), policy=POLICY)
     assert t.new_events()[-1].needs_marker is True
 
 
@@ -578,8 +597,11 @@ def test_an_operator_retry_restarts_the_recovery_budget_and_takes_ownership(
 
 def test_a_retry_needs_no_operator_name_but_refuses_a_bad_one(track: Any) -> None:
     t = track(record())
+    t.new_events()
     t.agg.request_retry(by=OPERATOR, now=at(1))
     assert t.agg.state is ObligationState.PENDING
+    (retry,) = t.new_events()
+    assert type(retry).__name__ == "RetryRequested" and retry.requested_by == ""
     with pytest.raises(InvalidInput, match="requested_by"):
         t.agg.request_retry(by=OPERATOR, now=at(2), requested_by=b"ops")  # type: ignore[arg-type]
 
@@ -610,6 +632,11 @@ def test_abandoning_records_the_reason_who_and_a_cut_detail(track: Any) -> None:
     assert (abandoned.reason, abandoned.by, abandoned.detail) == ("erased", OPERATOR, "d" * 500)
     assert agg.state is ObligationState.ABANDONED and agg.is_resolved
     assert agg.abandon_reason is AbandonReason.ERASED and agg.last_transition_at == at(1)
+    other = record("other")
+    other.collect_events()
+    other.abandon(reason=AbandonReason.OPERATOR, now=at(2))
+    (plain,) = other.collect_events()
+    assert (plain.detail, plain.by) == ("", None)
 
 
 def test_abandoning_refuses_an_unknown_reason_or_a_non_text_detail() -> None:

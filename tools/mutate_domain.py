@@ -399,7 +399,7 @@ class _Collector:
 
     def constant(self, node: ast.Constant, ctx: _Ctx) -> None:
         value = node.value
-        new: object
+        new: bool | int | float | str
         if isinstance(value, bool):
             new = not value
         elif isinstance(value, int):
@@ -411,7 +411,7 @@ class _Collector:
         else:
             return
 
-        def replace(n: ast.expr, new: object = new) -> ast.expr:
+        def replace(n: ast.expr, new: bool | int | float | str = new) -> ast.expr:
             return ast.Constant(new)
 
         self.expr(ctx, node, f"{value!r} -> {new!r}", replace)
