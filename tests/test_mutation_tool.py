@@ -67,11 +67,10 @@ def test_error_message_text_is_told_apart_from_behaviour() -> None:
     message = [m for m in by_id.values() if m.error_text]
     assert message and all(m.file == "domain/obligation.py" for m in message)
     assert by_id["domain/obligation.py::_validate_obligation_id: 200 -> 201"].error_text is False
-    name_arg = "domain/obligation.py::DeliveryObligation.record: 'session_key' -> 'XXsession_keyXX'"
+    obligation = "domain/obligation.py::DeliveryObligation."
+    name_arg = obligation + "record: 'session_key' -> 'XXsession_keyXX'"
     assert by_id[name_arg].error_text is True
-    outcome = (
-        "domain/obligation.py::DeliveryObligation._late_result: 'delivered' -> 'XXdeliveredXX'"
-    )
+    outcome = obligation + "_late_result: 'delivered' -> 'XXdeliveredXX'"
     assert by_id[outcome].error_text is False
 
 
