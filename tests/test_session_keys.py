@@ -106,6 +106,12 @@ def test_traversing_id_is_refused_when_the_key_is_built() -> None:
     assert ".." not in hashed
 
 
+def test_a_key_is_built_only_from_a_session_source() -> None:
+    for not_a_source in ({"platform": "telegram", "chat_id": "1"}, "telegram:1", None):
+        with pytest.raises(InvalidInput, match="source must be a SessionSource"):
+            build_session_key(not_a_source)  # type: ignore[arg-type]
+
+
 def test_hashed_key_holds_no_raw_id_and_tags_each_slot() -> None:
     hasher = KeyedHasher(SECRET)
     src = SessionSource(platform="telegram", chat_id="-100555", chat_type="group", user_id="4242")
