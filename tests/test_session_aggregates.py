@@ -194,6 +194,49 @@ def test_a_resume_is_marked_cleared_and_marked_again() -> None:
     assert replay_matches(s, [])
 
 
+def test_every_session_event_keeps_its_stored_name() -> None:
+    s = start()
+    s.append_message(role="user", content="x", now=at(1))
+    s.mark_resume_pending(now=at(2))
+    s.clear_resume_pending(now=at(3))
+    s.suspend(now=at(4))
+    s.reset(reason="idle", successor_session_id=NEXT, now=at(5))
+    assert [type(e).__name__ for e in s.collect_events()] == [
+        "Started",
+        "MessageAppended",
+        "ResumeMarked",
+        "ResumeCleared",
+        "Suspended",
+        "Reset",
+    ]
+    route = SessionRoute.open(key=KEY, session_id=SID, now=T0)
+    route.rotate(session_id=NEXT, reason="idle", now=at(1))
+    assert [type(e).__name__ for e in route.collect_events()] == ["Opened", "Rotated"]
+    seen = InboundMessage.record(
+        platform="p", chat_scope="c", platform_message_id="m", session_id=SID, seq=1, now=T0
+    )
+    assert [type(e).__name__ for e in seen.collect_events()] == ["Seen"]
+    keying = SessionKeying.establish(mode="raw", now=T0)
+    assert [type(e).__name__ for e in keying.collect_events()] == ["Established"]
+    assert [type(e).__name__ for e in erase().collect_events()] == ["SubjectErased"]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        lambda s: s.mark_resume_pending(now=datetime(2026, 1, 1)),
+        lambda s: s.suspend(now=datetime(2026, 1, 1)),
+        lambda s: s.reset(reason="idle", successor_session_id=NEXT, now=datetime(2026, 1, 1)),
+    ],
+)
+def test_every_session_command_refuses_a_naive_time(command: Any) -> None:
+    s = start()
+    s.collect_events()
+    with pytest.raises(InvalidInput, match="now must be timezone-aware"):
+        command(s)
+    assert s.collect_events() == []
+
+
 def test_suspending_is_recorded_once() -> None:
     s = start()
     s.suspend(now=at(1))
@@ -231,8 +274,11 @@ def test_an_ended_session_refuses_everything_that_would_change_it() -> None:
         lambda: s.suspend(now=at(2)),
         lambda: s.reset(reason="idle", successor_session_id="20260101_020000_00000000", now=at(2)),
     ]
-    for command in commands:
-        with pytest.raises(IllegalTransition, match=f"continued in {NEXT}"):
+    for command, transition in zip(
+        commands, ("append", "resume marked", "suspended", r"reset \(idle\)"), strict=True
+    ):
+        refused = rf"Session {SID} is ended \(session_reset\); refused {transition}: "
+        with pytest.raises(IllegalTransition, match=refused + f"continued in {NEXT}$"):
             command()
     assert s.collect_events() == [] and s.message_count == 0
 

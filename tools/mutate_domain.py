@@ -4,8 +4,8 @@
 Each mutant is one small change to the code (an operator swapped, a constant changed, a
 statement deleted, a condition negated), including inside decorated functions and the
 ``@event`` bodies, which mutmut skips. A mutant the tests still pass is a behaviour no test
-pins down. mutmut is not used: it skips decorated functions and does not follow the
-``gateway_ledger/`` symlinks (ADR 0003); this runner is small enough to read.
+pins down. mutmut is not used: it skips decorated functions, and every ``@event`` body is
+one; this runner is small enough to read and has no dependency of its own.
 
 How it runs. The repository is copied (without .git and .venv) into one temporary sandbox
 per job; the sandbox, never the working tree, receives each mutated file, so an interrupted
@@ -29,6 +29,12 @@ Usage::
     .venv/bin/python tools/mutate_domain.py domain/obligation.py --full
     .venv/bin/python tools/mutate_domain.py --list domain/values.py   # the mutants, not run
     .venv/bin/python tools/mutate_domain.py --only arrived_before --show
+    .venv/bin/python tools/mutate_domain.py --allowed --full   # re-judge the allow-list
+    .venv/bin/python tools/mutate_domain.py --budget 600       # stop starting mutants at 10 min
+
+Each job is one sandbox and one long-lived runner process that imports the libraries once
+and forks a pytest per mutant (started under ``nice``; ``--jobs`` is 1 or 2, the machine is
+shared). A mutant whose tests run past four times the unmutated time counts as killed.
 
 Exit status: 0 when no mutant outside the allow-list survived, 1 otherwise, 2 on a usage
 error or when the unmutated tests fail in the sandbox.
@@ -799,7 +805,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, metavar="SECONDS", help="stop starting mutants")
     parser.add_argument("--jobs", "-j", type=int, default=2, help="parallel test runs (max 2)")
     parser.add_argument("--error-text", action="store_true", help="also mutate message text")
-    parser.add_argument("--only", metavar="TEXT", help="only mutants whose id contains TEXT")
+    parser.add_argument(
+        "--only",
+        metavar="TEXT",
+        action="append",
+        help="only mutants whose id contains TEXT (repeatable: any of them)",
+    )
+    parser.add_argument(
+        "--allowed", action="store_true", help="only the allow-listed mutants (re-check them)"
+    )
     parser.add_argument("--list", action="store_true", help="list the mutants; run nothing")
     parser.add_argument("--show", action="store_true", help="print every result and its code")
     args = parser.parse_args(argv)
@@ -819,7 +833,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if m.error_text and not args.error_text:
                 skipped_text[f] += 1
                 continue
-            if args.only and args.only not in m.ident:
+            if args.only and not any(text in m.ident for text in args.only):
+                continue
+            if args.allowed and m.ident not in allow:
                 continue
             mutants.append(m)
     if args.list:
