@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -25,7 +26,7 @@ from gateway_ledger.domain.session_key import (
     is_path_unsafe,
     is_session_key_unsafe,
 )
-from gateway_ledger.domain.session_source import SessionSource
+from gateway_ledger.domain.session_source import PERSONAL_FIELDS, SessionSource
 
 SECRET = bytes(range(32))
 
@@ -275,6 +276,19 @@ def test_source_validation_and_normalisation() -> None:
         SessionSource(platform="", chat_id="1")
     with pytest.raises(InvalidInput):
         SessionSource(platform="telegram", chat_id="\ud800")
+
+
+def test_a_missing_chat_id_is_empty_text() -> None:
+    assert SessionSource(platform="telegram").chat_id == ""
+    assert SessionSource(platform="telegram", chat_id=None).chat_id == ""  # type: ignore[arg-type]
+
+
+def test_every_id_and_name_of_a_source_is_personal() -> None:
+    """What is sealed at rest: all of a source's text fields but the platform, the chat
+    type and the profile, which name no person and no chat."""
+    text_fields = {f.name for f in attrs.fields(SessionSource) if f.type in ("str", "str | None")}
+    assert set(PERSONAL_FIELDS) == text_fields - {"platform", "chat_type", "profile"}
+    assert len(PERSONAL_FIELDS) == len(set(PERSONAL_FIELDS)) == 11
 
 
 def test_source_round_trip_never_carries_trust_flags() -> None:
