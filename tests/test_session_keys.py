@@ -278,6 +278,20 @@ def test_source_validation_and_normalisation() -> None:
         SessionSource(platform="telegram", chat_id="\ud800")
 
 
+def test_optional_source_fields_are_any_valid_text() -> None:
+    src = SessionSource(platform="telegram", user_name=" ", chat_topic="é", is_bot=False)
+    assert (src.user_name, src.chat_topic, src.is_bot) == (" ", "é", False)
+    assert SessionSource(platform="telegram").is_bot is False
+    for name in ("user_name", "thread_id", "profile", "message_id"):
+        with pytest.raises(InvalidInput, match=f"{name} is not valid Unicode"):
+            SessionSource(platform="telegram", **{name: "\ud800"})
+        with pytest.raises(InvalidInput, match=f"{name} must be a str, not float"):
+            SessionSource(platform="telegram", **{name: 1.5})
+    for padded in (" telegram", "telegram\n"):
+        with pytest.raises(InvalidInput, match="surrounding whitespace"):
+            SessionSource(platform=padded)
+
+
 def test_a_missing_chat_id_is_empty_text() -> None:
     assert SessionSource(platform="telegram").chat_id == ""
     assert SessionSource(platform="telegram", chat_id=None).chat_id == ""  # type: ignore[arg-type]
