@@ -352,6 +352,22 @@ def test_description_is_readable() -> None:
         == "channel: C"
     )
     assert SessionSource(platform="local", chat_id="-").description == "CLI terminal"
+    assert SessionSource(platform="telegram", chat_id="1").description == "DM with user"
+    assert SessionSource(platform="telegram", chat_id="1", user_id="7").description == "DM with 7"
+    thread = SessionSource(platform="slack", chat_id="C", chat_name="Ops", chat_type="thread")
+    assert thread.description == "Ops"  # a thread's chat has no kind prefix
+
+
+def test_only_a_dm_is_a_dm() -> None:
+    assert SessionSource(platform="telegram", chat_id="1").is_dm
+    for kind in ("group", "channel", "thread"):
+        assert not SessionSource(platform="telegram", chat_id="1", chat_type=kind).is_dm
+
+
+def test_flags_are_bools() -> None:
+    for flag in ("is_bot", "delivered_via_upstream_relay", "role_authorized"):
+        with pytest.raises(InvalidInput, match=f"{flag} must be a bool"):
+            SessionSource(platform="telegram", **{flag: "yes"})
 
 
 def test_session_id_format() -> None:
