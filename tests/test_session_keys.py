@@ -358,6 +358,22 @@ def test_description_is_readable() -> None:
     assert thread.description == "Ops"  # a thread's chat has no kind prefix
 
 
+def test_a_stored_source_needs_only_its_platform() -> None:
+    src = SessionSource.from_dict({"platform": "telegram"})
+    assert (src.chat_id, src.chat_type, src.is_bot, src.scope_id) == ("", "dm", False, None)
+    with pytest.raises(InvalidInput, match="needs a platform"):
+        SessionSource.from_dict({"chat_id": "1"})
+    with pytest.raises(InvalidInput, match="must be a mapping"):
+        SessionSource.from_dict([("platform", "telegram")])  # type: ignore[arg-type]
+
+
+def test_upstreams_guild_id_fills_the_scope_only_when_none_is_stored() -> None:
+    old = SessionSource.from_dict({"platform": "discord", "guild_id": "g1"})
+    assert old.scope_id == "g1"
+    both = SessionSource.from_dict({"platform": "discord", "guild_id": "g1", "scope_id": "s1"})
+    assert both.scope_id == "s1"
+
+
 def test_only_a_dm_is_a_dm() -> None:
     assert SessionSource(platform="telegram", chat_id="1").is_dm
     for kind in ("group", "channel", "thread"):
