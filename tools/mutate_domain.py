@@ -106,10 +106,29 @@ SANDBOX_IGNORE = shutil.ignore_patterns(
 )
 PROFILE_PLUGIN = "_mutation_hypothesis_profile"
 PROFILE_SOURCE = """\
+import os
+
 from hypothesis import settings
 
 settings.register_profile("mutation", derandomize=True, database=None, print_blob=False)
 settings.load_profile("mutation")
+
+
+def _note(nodeid):
+    path = os.environ.get("MUTATION_FAILURES")
+    if path:
+        with open(path, "a", encoding="utf-8") as failures:
+            failures.write(nodeid + "\\n")
+
+
+def pytest_runtest_logreport(report):
+    if report.failed:
+        _note(report.nodeid)
+
+
+def pytest_collectreport(report):
+    if report.failed:
+        _note(report.nodeid)
 """
 
 # Calls whose arguments (by position; None: all) only make an error message.
@@ -193,6 +212,7 @@ class Mutant:
     status: str = "not run"  # killed | survived | timeout | invalid | not run
     by: str = ""  # "fast" or "full": which run killed it
     seconds: float = 0.0
+    flaky: list[str] = field(default_factory=list)  # failed without the mutant too
 
     @property
     def killed(self) -> bool:
@@ -575,8 +595,11 @@ def worker_loop(box: Path) -> None:
         job = json.loads(line)
         started = time.monotonic()
         pid = os.fork()
+        failures = box / ".mutation-failures"
+        failures.unlink(missing_ok=True)
         if pid == 0:  # the test run
             os.setsid()  # its own process group: a timeout ends its children too
+            os.environ["MUTATION_FAILURES"] = str(failures)
             null = os.open(os.devnull, os.O_WRONLY)
             os.dup2(null, 1)
             os.dup2(null, 2)
@@ -601,7 +624,9 @@ def worker_loop(box: Path) -> None:
                 break
             time.sleep(0.02)
         child[0] = 0
-        answers.write(json.dumps({"outcome": outcome, "seconds": time.monotonic() - started}))
+        failed = failures.read_text(encoding="utf-8").split() if failures.exists() else []
+        seconds = time.monotonic() - started
+        answers.write(json.dumps({"outcome": outcome, "seconds": seconds, "failed": failed}))
         answers.write("\n")
         answers.flush()
 
@@ -619,6 +644,7 @@ class Worker:
         self.proc = subprocess.Popen(
             cmd, cwd=box, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )
+        self.failed: list[str] = []  # the tests that failed in the last run
 
     def run(
         self, tests: Sequence[str], timeout: float, *, stop_first: bool = True
@@ -635,6 +661,7 @@ class Worker:
         if not line:
             raise SystemExit("a test runner process ended unexpectedly")
         answer = json.loads(line)
+        self.failed = [str(nodeid) for nodeid in answer["failed"]]
         if answer["outcome"] == "no tests":
             raise SystemExit(f"no tests collected from {' '.join(tests)}")
         # failed: 1 a test failed; 2-4 collection or import broke (the mutant does not load)
@@ -686,8 +713,20 @@ def run_mutant(worker: Worker, m: Mutant, plan: Plan, sources: dict[str, bytes])
             return
         outcome, seconds = worker.run(plan.full, plan.full_timeout)
         m.seconds += seconds
-        if outcome != "passed":
-            m.status, m.by = ("timeout" if outcome == "timeout" else "killed"), "full"
+        if outcome == "timeout":
+            m.status, m.by = "timeout", "full"
+        elif outcome != "passed" and not worker.failed:
+            m.status, m.by = "killed", "full"  # it broke before any test could report
+        elif outcome != "passed":
+            # The whole suite has timing-sensitive tests: a failure counts as a kill only
+            # if the failing tests pass again on the unmutated code.
+            target.write_bytes(sources[m.file])
+            again, seconds = worker.run(worker.failed, plan.full_timeout, stop_first=False)
+            m.seconds += seconds
+            if again == "passed":
+                m.status, m.by = "killed", "full"
+            else:
+                m.flaky = list(worker.failed)
     finally:
         target.write_bytes(sources[m.file])
 
@@ -769,6 +808,17 @@ def report(
             f"{file:28} {len(mine):>7} {len(ran):>5} {killed:>6} {len(survived):>5} "
             f"{len(allowed):>7} {rate:>6.1f}% {rate_excl:>6.1f}% {skipped_text[file]:>8}"
         )
+    flaky = sorted({t for m in mutants for t in m.flaky})
+    if flaky:
+        print("\nFailed in the whole suite without the mutant too (not counted as kills):")
+        for nodeid in flaky:
+            print(f"  {nodeid}")
+    late_kills = [m for m in mutants if m.killed and m.by == "full"]
+    if late_kills:
+        print(f"\nKilled only by the whole SQLite suite ({len(late_kills)}; a fast test would be")
+        print("quicker to run before touching the domain):")
+        for m in late_kills:
+            print(f"  {m.file}:{m.line} {m.ident}")
     not_run = [m for m in mutants if m.status == "not run"]
     invalid = [m for m in mutants if m.status == "invalid"]
     print(f"\n{len(mutants)} mutants in {elapsed:.0f} s", end="")
