@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -25,7 +26,7 @@ from gateway_ledger.domain.session_key import (
     is_path_unsafe,
     is_session_key_unsafe,
 )
-from gateway_ledger.domain.session_source import SessionSource
+from gateway_ledger.domain.session_source import PERSONAL_FIELDS, SessionSource
 
 SECRET = bytes(range(32))
 
@@ -104,6 +105,12 @@ def test_traversing_id_is_refused_when_the_key_is_built() -> None:
         build_session_key(src)
     hashed = build_session_key(src, hasher=KeyedHasher(SECRET))  # no raw id left to traverse
     assert ".." not in hashed
+
+
+def test_a_key_is_built_only_from_a_session_source() -> None:
+    for not_a_source in ({"platform": "telegram", "chat_id": "1"}, "telegram:1", None):
+        with pytest.raises(InvalidInput, match="source must be a SessionSource"):
+            build_session_key(not_a_source)  # type: ignore[arg-type]
 
 
 def test_hashed_key_holds_no_raw_id_and_tags_each_slot() -> None:
@@ -271,6 +278,33 @@ def test_source_validation_and_normalisation() -> None:
         SessionSource(platform="telegram", chat_id="\ud800")
 
 
+def test_optional_source_fields_are_any_valid_text() -> None:
+    src = SessionSource(platform="telegram", user_name=" ", chat_topic="é", is_bot=False)
+    assert (src.user_name, src.chat_topic, src.is_bot) == (" ", "é", False)
+    assert SessionSource(platform="telegram").is_bot is False
+    for name in ("user_name", "thread_id", "profile", "message_id"):
+        with pytest.raises(InvalidInput, match=f"{name} is not valid Unicode"):
+            SessionSource(platform="telegram", **{name: "\ud800"})
+        with pytest.raises(InvalidInput, match=f"{name} must be a str, not float"):
+            SessionSource(platform="telegram", **{name: 1.5})
+    for padded in (" telegram", "telegram\n"):
+        with pytest.raises(InvalidInput, match="surrounding whitespace"):
+            SessionSource(platform=padded)
+
+
+def test_a_missing_chat_id_is_empty_text() -> None:
+    assert SessionSource(platform="telegram").chat_id == ""
+    assert SessionSource(platform="telegram", chat_id=None).chat_id == ""  # type: ignore[arg-type]
+
+
+def test_every_id_and_name_of_a_source_is_personal() -> None:
+    """What is sealed at rest: all of a source's text fields but the platform, the chat
+    type and the profile, which name no person and no chat."""
+    text_fields = {f.name for f in attrs.fields(SessionSource) if f.type in ("str", "str | None")}
+    assert set(PERSONAL_FIELDS) == text_fields - {"platform", "chat_type", "profile"}
+    assert len(PERSONAL_FIELDS) == len(set(PERSONAL_FIELDS)) == 11
+
+
 def test_source_round_trip_never_carries_trust_flags() -> None:
     src = SessionSource(
         platform="discord",
@@ -318,6 +352,38 @@ def test_description_is_readable() -> None:
         == "channel: C"
     )
     assert SessionSource(platform="local", chat_id="-").description == "CLI terminal"
+    assert SessionSource(platform="telegram", chat_id="1").description == "DM with user"
+    assert SessionSource(platform="telegram", chat_id="1", user_id="7").description == "DM with 7"
+    thread = SessionSource(platform="slack", chat_id="C", chat_name="Ops", chat_type="thread")
+    assert thread.description == "Ops"  # a thread's chat has no kind prefix
+
+
+def test_a_stored_source_needs_only_its_platform() -> None:
+    src = SessionSource.from_dict({"platform": "telegram"})
+    assert (src.chat_id, src.chat_type, src.is_bot, src.scope_id) == ("", "dm", False, None)
+    with pytest.raises(InvalidInput, match="needs a platform"):
+        SessionSource.from_dict({"chat_id": "1"})
+    with pytest.raises(InvalidInput, match="must be a mapping"):
+        SessionSource.from_dict([("platform", "telegram")])  # type: ignore[arg-type]
+
+
+def test_upstreams_guild_id_fills_the_scope_only_when_none_is_stored() -> None:
+    old = SessionSource.from_dict({"platform": "discord", "guild_id": "g1"})
+    assert old.scope_id == "g1"
+    both = SessionSource.from_dict({"platform": "discord", "guild_id": "g1", "scope_id": "s1"})
+    assert both.scope_id == "s1"
+
+
+def test_only_a_dm_is_a_dm() -> None:
+    assert SessionSource(platform="telegram", chat_id="1").is_dm
+    for kind in ("group", "channel", "thread"):
+        assert not SessionSource(platform="telegram", chat_id="1", chat_type=kind).is_dm
+
+
+def test_flags_are_bools() -> None:
+    for flag in ("is_bot", "delivered_via_upstream_relay", "role_authorized"):
+        with pytest.raises(InvalidInput, match=f"{flag} must be a bool"):
+            SessionSource(platform="telegram", **{flag: "yes"})
 
 
 def test_session_id_format() -> None:

@@ -1,0 +1,105 @@
+"""tools/mutate_domain.py: it reaches the event bodies, judges message text apart, and its
+allow-list names only mutants that exist.
+
+Running the mutants takes minutes and stays a developer's step; what is checked here is
+what a run relies on: the mutants are valid Python that differs from the code, the working
+tree is never written, and a stale allow-list entry is noticed on every test run.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+TOOL = ROOT / "tools" / "mutate_domain.py"
+
+
+def load_tool() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("mutate_domain", TOOL)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["mutate_domain"] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+tool = load_tool()
+
+
+@functools.cache
+def mutants_of(file: str) -> tuple[object, ...]:
+    return tuple(tool.collect(file))
+
+
+def test_event_bodies_and_decorated_methods_are_mutated() -> None:
+    idents = {m.ident for m in mutants_of("domain/obligation.py")}
+    late = "domain/obligation.py::DeliveryObligation._late_result: "
+    assert late + "delete 'self.arrived_before_this_send = True'" in idents
+    assert late + "== -> != in 'outcome == 'delivered''" in idents
+    retry = "domain/obligation.py::DeliveryObligation._retry_requested: "
+    assert retry + "delete 'self.recovery_attempts = 0'" in idents
+    record = "domain/obligation.py::DeliveryObligation.record: "
+    assert any(i.startswith(record + "and -> or in 'len(content) * 4") for i in idents)
+
+
+def test_every_mutant_is_valid_python_that_changes_the_program() -> None:
+    for file in tool.DEFAULT_TARGETS:
+        source = (ROOT / file).read_bytes()
+        mutants: tuple[Any, ...] = mutants_of(file)
+        assert mutants, file
+        assert [m for m in mutants if m.status == "invalid"] == []  # parsed by collect()
+        mutated = {m.apply(source) for m in mutants}
+        assert len(mutated) == len(mutants) and source not in mutated
+        assert len({m.ident for m in mutants}) == len(mutants), file  # ids are unique
+    sample = mutants_of("domain/session_route.py")[0]
+    assert isinstance(ast.parse(sample.apply((ROOT / sample.file).read_bytes())), ast.Module)
+
+
+def test_error_message_text_is_told_apart_from_behaviour() -> None:
+    by_id = {m.ident: m for m in mutants_of("domain/obligation.py")}
+    message = [m for m in by_id.values() if m.error_text]
+    assert message and all(m.file == "domain/obligation.py" for m in message)
+    assert by_id["domain/obligation.py::_validate_obligation_id: 200 -> 201"].error_text is False
+    obligation = "domain/obligation.py::DeliveryObligation."
+    name_arg = obligation + "record: 'session_key' -> 'XXsession_keyXX'"
+    assert by_id[name_arg].error_text is True
+    outcome = obligation + "_late_result: 'delivered' -> 'XXdeliveredXX'"
+    assert by_id[outcome].error_text is False
+
+
+def test_every_allow_list_entry_names_an_existing_mutant_with_a_reason() -> None:
+    allow = tool.read_allow_list(tool.ALLOW_LIST)
+    assert allow
+    existing = {m.ident for f in tool.DEFAULT_TARGETS for m in mutants_of(f)}
+    stale = sorted(set(allow) - existing)
+    assert stale == [], "allow-listed mutants that no longer exist: review the list"
+    assert all(len(reason) > 20 for reason in allow.values())
+
+
+def test_listing_runs_nothing_and_leaves_the_tree_alone() -> None:
+    before = {p: p.read_bytes() for p in (ROOT / "domain").glob("*.py")}
+    out = subprocess.run(
+        [sys.executable, str(TOOL), "--list", "domain/session_route.py"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "domain/session_route.py::SessionRoute._rotated: delete 'self.rotations += 1'" in out
+    assert out.rstrip().splitlines()[-1].endswith("message-text left out")
+    assert {p: p.read_bytes() for p in (ROOT / "domain").glob("*.py")} == before
+
+
+def test_a_file_outside_domain_is_refused() -> None:
+    done = subprocess.run(
+        [sys.executable, str(TOOL), "--list", "application/ledger.py"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and "not a file under domain/" in done.stderr
