@@ -33,6 +33,7 @@ from gateway_ledger.domain.values import (
     cut_error,
     receipt_ids,
     require_aware,
+    require_choice,
     require_clear_text,
     require_metadata,
     require_text,
@@ -576,10 +577,7 @@ class DeliveryObligation(Aggregate):
         detail: str = "",
     ) -> None:
         require_aware("now", now)
-        try:
-            reason = AbandonReason(reason)
-        except ValueError:
-            raise InvalidInput(f"unknown abandon reason {reason!r}") from None
+        reason = require_choice("abandon reason", reason, AbandonReason)
         self._require_state(f"abandoned ({reason.value})", *UNRESOLVED_STATES)
         if reason is AbandonReason.OPERATOR:
             detail = _operator_reason(detail)
@@ -612,10 +610,7 @@ class DeliveryObligation(Aggregate):
         was only paused reports late instead of resolving it.
         """
         require_aware("now", now)
-        try:
-            reason = QuarantineReason(reason)
-        except ValueError:
-            raise InvalidInput(f"unknown quarantine reason {reason!r}") from None
+        reason = require_choice("quarantine reason", reason, QuarantineReason)
         if not isinstance(found_at, int) or isinstance(found_at, bool) or found_at < 1:
             raise InvalidInput("found_at must be an event version (an int >= 1)")
         self._require_state("quarantined", *UNRESOLVED_STATES)

@@ -21,6 +21,7 @@ from gateway_ledger.domain.values import (
     MAX_CONTENT_BYTES,
     MAX_REASON_CHARS,
     require_aware,
+    require_choice,
     require_clear_text,
     require_text,
 )
@@ -92,7 +93,9 @@ class Session(Aggregate):
             key=key,
             source=source,
             previous_session_id=previous_session_id,
-            started_reason=None if reason is None else ResetReason(reason).value,
+            started_reason=None
+            if reason is None
+            else require_choice("reset reason", reason, ResetReason).value,
             timestamp=now,
         )
 
@@ -206,7 +209,7 @@ class Session(Aggregate):
     def reset(self, *, reason: ResetReason, successor_session_id: str, now: datetime) -> None:
         """End this session; its key continues in ``successor_session_id``."""
         require_aware("now", now)
-        reason = ResetReason(reason)
+        reason = require_choice("reset reason", reason, ResetReason)
         if not is_session_id(successor_session_id) or successor_session_id == self.session_id:
             raise InvalidInput("the successor must be another valid session id")
         self._require_open(f"reset ({reason.value})")

@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 
 from gateway_ledger.domain.errors import InvalidInput
-from gateway_ledger.domain.values import require_aware
+from gateway_ledger.domain.values import require_aware, require_choice
 
 DEFAULT_IDLE_MINUTES = 1440
 DEFAULT_AT_HOUR = 4
@@ -51,9 +51,13 @@ def _hour(_: object, attribute: attrs.Attribute[Any], value: int) -> None:
         raise InvalidInput(f"{attribute.name} must be an hour between 0 and 23")
 
 
+def _reset_mode(value: object) -> ResetMode:
+    return require_choice("reset mode", value, ResetMode)
+
+
 @attrs.frozen
 class ResetPolicy:
-    mode: ResetMode = attrs.field(default=ResetMode.NONE, converter=ResetMode)
+    mode: ResetMode = attrs.field(default=ResetMode.NONE, converter=_reset_mode)
     idle_minutes: int = attrs.field(default=DEFAULT_IDLE_MINUTES, validator=_positive)
     at_hour: int = attrs.field(default=DEFAULT_AT_HOUR, validator=_hour)
 

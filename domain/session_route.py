@@ -16,7 +16,12 @@ from eventsourcing.domain import Aggregate, event
 from gateway_ledger.domain.errors import IllegalTransition, InvalidInput
 from gateway_ledger.domain.session import is_session_id
 from gateway_ledger.domain.session_policy import ResetReason
-from gateway_ledger.domain.values import require_aware, require_clear_text, require_text
+from gateway_ledger.domain.values import (
+    require_aware,
+    require_choice,
+    require_clear_text,
+    require_text,
+)
 
 ROUTE_NAMESPACE = uuid5(NAMESPACE_URL, "https://gateway-ledger/session-route")
 INBOUND_NAMESPACE = uuid5(NAMESPACE_URL, "https://gateway-ledger/inbound-message")
@@ -60,7 +65,7 @@ class SessionRoute(Aggregate):
 
     def rotate(self, *, session_id: str, reason: ResetReason, now: datetime) -> None:
         require_aware("now", now)
-        reason = ResetReason(reason)
+        reason = require_choice("reset reason", reason, ResetReason)
         if not is_session_id(session_id):
             raise InvalidInput(f"session_id {session_id!r} is not YYYYmmdd_HHMMSS_<8 hex>")
         if session_id == self.session_id:

@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -31,6 +31,21 @@ one longer than this (a hostname is at most 253) is a caller's bug, not a name."
 MAX_REASON_CHARS = ERROR_TEXT_LIMIT
 """An operator's abandon reason or a session's resume reason is a sentence, kept with
 the event for every later reader: longer is refused, like upstream's error text is cut."""
+
+
+_Choice = TypeVar("_Choice", bound=StrEnum)
+
+
+def require_choice(name: str, value: object, choices: type[_Choice]) -> _Choice:
+    """``value`` as a member of ``choices``; anything else is refused by name with the
+    accepted values, before anything is written (a bare ``ValueError`` names nothing)."""
+    if isinstance(value, str):  # a member is a str too
+        try:
+            return choices(value)
+        except ValueError:
+            pass
+    accepted = ", ".join(c.value for c in choices)
+    raise InvalidInput(f"unknown {name} {value!r} (one of: {accepted})")
 
 
 class ObligationState(StrEnum):

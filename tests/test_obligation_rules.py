@@ -634,9 +634,11 @@ def test_abandoning_records_the_reason_who_and_a_cut_detail(track: Any) -> None:
     assert agg.abandon_reason is AbandonReason.ERASED and agg.last_transition_at == at(1)
     other = record("other")
     other.collect_events()
-    other.abandon(reason=AbandonReason.OPERATOR, now=at(2))
+    other.abandon(reason=AbandonReason.STALE, now=at(2))  # an operator must say why
     (plain,) = other.collect_events()
     assert (plain.detail, plain.by) == ("", None)
+    with pytest.raises(InvalidInput, match="abandon reason must not be empty"):
+        record("third").abandon(reason=AbandonReason.OPERATOR, now=at(3))
 
 
 def test_abandoning_refuses_an_unknown_reason_or_a_non_text_detail() -> None:
