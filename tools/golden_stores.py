@@ -151,10 +151,13 @@ def answers_for(
             out[name[0]][name[1]] = future.result()
     if ledger:
         out["projections rebuild"] = run(location, ["projections", "rebuild"], env)
-    return normalise(out, location)
+    normalised: dict[str, Any] = normalise(out, location)
+    return normalised
 
 
-def take_answers(folder: Path, scratch: Path, *, backend: str, pg_url: str | None = None) -> dict[str, Any]:
+def take_answers(
+    folder: Path, scratch: Path, *, backend: str, pg_url: str | None = None
+) -> dict[str, Any]:
     """Every store of a release folder, copied to ``scratch`` (SQLite) or loaded into
     schemas derived from ``pg_url`` (PostgreSQL), asked the frozen questions."""
     scratch.mkdir(parents=True, exist_ok=True)
@@ -172,15 +175,22 @@ def take_answers(folder: Path, scratch: Path, *, backend: str, pg_url: str | Non
             )
         return answers
     assert pg_url is not None
-    secrets = scratch / "secrets"
-    secrets.mkdir(exist_ok=True)
+    secrets = postgres_secrets(folder, scratch)
     env = command_environment(secrets)
-    place(folder / MASTER_KEY_FILE, secrets / "master.key")
     for store in STORES:
         url = schema_url(pg_url, store)
         place(folder / SESSION_SECRET_FILE, postgres_secret(secrets, url))
         answers[store] = answers_for(url, keys[store], env, ledger=store == MAIN_STORE)
     return answers
+
+
+def postgres_secrets(folder: Path, scratch: Path) -> Path:
+    """A directory with the folder's master key, for GATEWAY_LEDGER_KEY_DIR and
+    GATEWAY_LEDGER_SECRET_DIR (PostgreSQL has no file beside the store)."""
+    secrets = scratch / "secrets"
+    secrets.mkdir(parents=True, exist_ok=True)
+    place(folder / MASTER_KEY_FILE, secrets / "master.key")
+    return secrets
 
 
 def place(source: Path, target: Path) -> None:
@@ -292,9 +302,11 @@ def export_rows(db: Path, out: Path) -> None:
 
 def is_stored_truth(table: str) -> bool:
     """The tables the truth lives in (not views, trackings, leases or SQLite's own)."""
-    return table in (_SQLITE_EVENTS, _SQLITE_SNAPSHOTS) or table.startswith(
-        "gateway_ledger_subject_keys"
-    ) or table.startswith("gateway_ledger_privacy")
+    return (
+        table in (_SQLITE_EVENTS, _SQLITE_SNAPSHOTS)
+        or table.startswith("gateway_ledger_subject_keys")
+        or table.startswith("gateway_ledger_privacy")
+    )
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
@@ -372,7 +384,14 @@ def release_topics() -> list[str]:
     from gateway_ledger.domain.session_route import InboundMessage, SessionKeying, SessionRoute
 
     topics: set[str] = set()
-    for aggregate in (DeliveryObligation, Session, SessionRoute, InboundMessage, SessionKeying, Erasure):
+    for aggregate in (
+        DeliveryObligation,
+        Session,
+        SessionRoute,
+        InboundMessage,
+        SessionKeying,
+        Erasure,
+    ):
         for name in dir(aggregate):
             member = getattr(aggregate, name)
             if (

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import golden_stores as gs  # noqa: E402
+import golden_stores as gs
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,19 +32,19 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import golden_stores as gs  # noqa: E402
+import golden_stores as gs
 
-from gateway_ledger.application.ledger import DeliveryLedger  # noqa: E402
-from gateway_ledger.application.sessions import SessionStore  # noqa: E402
-from gateway_ledger.domain.obligation import obligation_uuid  # noqa: E402
-from gateway_ledger.domain.session_policy import ResetPolicies, ResetPolicy  # noqa: E402
-from gateway_ledger.domain.session_source import SessionSource  # noqa: E402
-from gateway_ledger.domain.values import (  # noqa: E402
+from gateway_ledger.application.ledger import DeliveryLedger
+from gateway_ledger.application.sessions import SessionStore
+from gateway_ledger.domain.obligation import DeliveryObligation, obligation_uuid
+from gateway_ledger.domain.session_policy import ResetPolicies, ResetPolicy
+from gateway_ledger.domain.session_source import SessionSource
+from gateway_ledger.domain.values import (
     LedgerPolicy,
     MediaItem,
     OwnerIdentity,
 )
-from gateway_ledger.infrastructure.leases import LeaseSettings  # noqa: E402
+from gateway_ledger.infrastructure.leases import LeaseSettings
 
 T0 = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
 """Long past: every unresolved obligation is stale to any later sweep, so the sweep
@@ -181,6 +181,21 @@ def write_sessions(location: Path, clock: Clock, *, raw_keys: bool, prefix: str)
         store.append(ctx, "assistant", "noted", now=clock.at(72))
     finally:
         store.close()
+    # Written in clear (encrypt=False, as upstream did): readers must read both forms.
+    clear = SessionStore.open(
+        str(location),
+        raw_keys=raw_keys,
+        clock=clock,
+        new_suffix=lambda: next(suffix),
+        encrypt=False,
+    )
+    try:
+        dave = SessionSource(platform="whatsapp", chat_id="w-1", user_id="u-d", user_name="Dave")
+        ctx = clear.resolve(dave, now=clock.at(80))
+        keys["clear"] = ctx.key
+        clear.append(ctx, "user", "in clear", platform_message_id="w1", now=clock.at(81))
+    finally:
+        clear.close()
     return keys
 
 
@@ -310,6 +325,19 @@ def write_ledger(location: Path, clock: Clock, keys: dict[str, str]) -> None:
         clock.at(1002 + 25 * 3600)
         w.ledger(OPERATOR).retry("g-retry", by_operator="ops-alice")
 
+        # Recorded and delivered in clear (encrypt=False).
+        clock.at(1100 + 25 * 3600)
+        plain = DeliveryLedger.open(
+            str(location), owner=A, clock=clock, lease=LeaseSettings(enabled=False), encrypt=False
+        )
+        try:
+            record(plain, "g-clear", keys["clear"], platform="whatsapp", chat_id="w-1")
+            plain.mark_attempting("g-clear", guard="none")
+            clock.at(1101 + 25 * 3600)
+            plain.mark_delivered("g-clear", ["wa-1"])
+        finally:
+            plain.close()
+
         # Left as a newer release or bit rot would: quarantined when read.
         clock.at(900 + 25 * 3600)
         record(a, "g-flipped", dm)
@@ -338,8 +366,10 @@ def ack_part(
 ) -> None:
     """PartDelivered: the synchronous API has no call for it (the gateway's delivery path
     writes it), so through the library's public repository and save, as an embedder could."""
-    obligation = ledger.repository.get(ledger.aggregate_id(oid))
-    obligation.acknowledge_part(by=ledger.owner, now=ledger.clock(), index=index, receipt=receipt, fence=fence)
+    obligation: DeliveryObligation = ledger.repository.get(ledger.aggregate_id(oid))
+    obligation.acknowledge_part(
+        by=ledger.owner, now=ledger.clock(), index=index, receipt=receipt, fence=fence
+    )
     ledger.save(obligation)
 
 
@@ -389,7 +419,10 @@ def main(argv: list[str] | None = None) -> int:
             checkpoint(work / store)
         for store in gs.STORES:
             gs.export_rows(work / store, work / gs.rows_file(store))
-        stores_keys = {gs.MAIN_STORE: sorted(keys.values()), gs.RAW_STORE: sorted(raw_keys.values())}
+        stores_keys = {
+            gs.MAIN_STORE: sorted(keys.values()),
+            gs.RAW_STORE: sorted(raw_keys.values()),
+        }
         (work / gs.KEYS_FILE).write_bytes(
             orjson.dumps(stores_keys, option=orjson.OPT_INDENT_2) + b"\n"
         )
@@ -398,7 +431,11 @@ def main(argv: list[str] | None = None) -> int:
         (work / gs.ANSWERS_FILE).write_bytes(
             orjson.dumps(answers, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"
         )
-        for name in (gs.MAIN_STORE + ".key", gs.MAIN_STORE + ".session-secret", gs.RAW_STORE + ".key"):
+        for name in (
+            gs.MAIN_STORE + ".key",
+            gs.MAIN_STORE + ".session-secret",
+            gs.RAW_STORE + ".key",
+        ):
             (work / name).unlink(missing_ok=True)
         if target.exists():
             shutil.rmtree(target)
