@@ -266,21 +266,55 @@ class Heartbeat:
 
     A failed renewal is logged and counted, never raised: the store may be back before the
     lease runs out, and if it is not, fencing (not this thread) keeps the work safe.
+
+    The holder's own view of its lease is a LOCAL deadline on ``monotonic`` (ADR 0032): the
+    clock read just before a renewal that succeeded, plus the ttl. The store's expiry is
+    later than that (its ``now()`` is read after the request left), so while
+    :meth:`holds` is true nobody may have judged this owner dead. The monotonic clock runs
+    on while the process is stopped (SIGSTOP, a frozen VM's guest aside), so a paused
+    holder sees at once, on resuming, that it cannot prove its lease, even before this
+    thread has renewed. A renewal that lands after the local deadline passed counts a
+    ``lapse``: the lease was renewed, but others may have claimed work in the gap, so
+    whoever proved ownership before it must prove it again.
     """
 
-    def __init__(self, table: LeaseTable, owner: OwnerIdentity, settings: LeaseSettings) -> None:
+    def __init__(
+        self,
+        table: LeaseTable,
+        owner: OwnerIdentity,
+        settings: LeaseSettings,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.table = table
         self.owner = owner
         self.settings = settings
         self.renewals = 0
         self.failures = 0
+        self.lapses = 0
+        """Renewals that landed after the local deadline (or the first acquisition)."""
         self.expires_at: float | None = None
+        self.monotonic = monotonic
+        self._held_until = float("-inf")
+        self._renewing = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    def holds(self, margin: float = 0.0) -> bool:
+        """True while the lease is provably valid for ``margin`` more seconds (one clock read)."""
+        return self.monotonic() + margin < self._held_until
+
+    def renew(self) -> None:
+        """Renew once now and move the local deadline; raises what the store raised."""
+        with self._renewing:
+            started = self.monotonic()
+            self.expires_at = self.table.renew(self.owner, self.settings.ttl)
+            if self.monotonic() >= self._held_until:
+                self.lapses += 1  # landed after the local deadline: continuity not proven
+            self._held_until = max(self._held_until, started + self.settings.ttl)
+
     def start(self) -> Heartbeat:
         """Acquire the lease now (raises if the store refuses), then renew in the background."""
-        self.expires_at = self.table.renew(self.owner, self.settings.ttl)
+        self.renew()
         try:
             self.table.prune()
         except Exception as e:
@@ -310,7 +344,7 @@ class Heartbeat:
     def beat(self) -> bool:
         started = time.perf_counter()
         try:
-            self.expires_at = self.table.renew(self.owner, self.settings.ttl)
+            self.renew()
         except Exception as e:
             self.failures += 1
             log.warning("lease renewal failed owner=%s: %s", self.owner.pid, type(e).__name__)
