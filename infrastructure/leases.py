@@ -99,6 +99,33 @@ class LeaseSettings:
         )
 
 
+IDLE_IN_TRANSACTION_ENV = "POSTGRES_IDLE_IN_TRANSACTION_SESSION_TIMEOUT"
+"""The library's setting (whole seconds) for ``idle_in_transaction_session_timeout``."""
+IDLE_IN_TRANSACTION_DEFAULT = 5
+"""The library's own default, kept as the ceiling."""
+
+
+def idle_transaction_limit(settings: LeaseSettings) -> int:
+    """Seconds PostgreSQL lets a session sit idle inside a transaction (ADR 0032).
+
+    A gateway stopped (SIGSTOP, a frozen VM) inside a transaction keeps its row and table
+    locks, and every writer of the schema waits behind it, the sweep that should claim its
+    work included. The server ends such a transaction (rolled back, the session closed)
+    once it has been idle this long: half the lease ttl, so the locks are gone before
+    others may judge the holder dead, and never more than the library's default.
+    """
+    return max(1, min(IDLE_IN_TRANSACTION_DEFAULT, int(settings.ttl / 2)))
+
+
+def with_idle_transaction_limit(
+    env: Mapping[str, str], settings: LeaseSettings, outer: Mapping[str, str] = os.environ
+) -> dict[str, str]:
+    """``env`` with :func:`idle_transaction_limit` unless the operator set the limit."""
+    if IDLE_IN_TRANSACTION_ENV in env or IDLE_IN_TRANSACTION_ENV in outer:
+        return dict(env)
+    return {**env, IDLE_IN_TRANSACTION_ENV: str(idle_transaction_limit(settings))}
+
+
 def owner_key(owner: OwnerIdentity) -> str:
     """The lease row's key: every field of the identity, so a reused pid is another owner."""
     return json.dumps(

@@ -15,10 +15,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
-import psycopg
+import pytest
+from eventsourcing.persistence import PersistenceError
 from psycopg import sql
 
 from gateway_ledger.application.gateway import DEFAULT_LEDGER_DEADLINE
@@ -109,3 +111,48 @@ def test_a_paused_gateway_hands_no_unmarked_part_to_the_platform_after_a_claim(
     unmarked = [e for e in after_resume if not str(e["text"]).startswith(DUPLICATE_NOTICE)]
     assert unmarked == [], (after_resume, err)
     assert json.loads(out.strip().splitlines()[-1])["status"] in ("superseded", "delivered")
+
+
+def test_a_transaction_left_open_by_a_stopped_holder_is_ended_by_the_server(
+    pg_url: str,
+) -> None:
+    """A holder stopped inside a transaction (here: one that just stops talking, which is
+    the same to the server) keeps its locks only half a lease ttl: the server rolls it
+    back and closes the session, other writers go on, and the holder's next statement
+    fails (a store error, which the gateway counts as a ledger fault)."""
+    settings = LeaseSettings(ttl=2.0, renew_every=0.5, clock_skew=0.5)
+    holder = DeliveryLedger.open(pg_url, lease=settings)
+    other = DeliveryLedger.open(pg_url, lease=settings)
+    schema = parse_postgres_url(pg_url)["schema"]
+    waited: dict[str, float] = {}
+
+    def record() -> None:
+        other.record_obligation(
+            obligation_id="o-1",
+            session_key="agent:main:telegram:dm:1",
+            platform="telegram",
+            chat_id="1",
+            content="hello",
+        )
+        waited["seconds"] = time.monotonic() - started
+
+    try:
+        with pytest.raises(PersistenceError, match="idle-in-transaction"):
+            with holder.recorder.datastore.get_connection() as conn, conn.transaction():
+                shown = conn.execute("SHOW idle_in_transaction_session_timeout").fetchone()
+                assert shown is not None and list(dict(shown).values()) == ["1s"]  # ttl / 2
+                conn.execute(
+                    sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(
+                        sql.Identifier(schema, "gateway_ledger_events")
+                    )
+                )
+                started = time.monotonic()
+                writer = threading.Thread(target=record)
+                writer.start()
+                writer.join(timeout=30)
+                conn.execute("SELECT 1")  # resumed: its transaction is gone
+    finally:
+        holder.close()
+    assert waited["seconds"] < 3.0  # not the library's 5 s, nor forever
+    assert other.exists("o-1")
+    other.close()
