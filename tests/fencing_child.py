@@ -53,7 +53,9 @@ class FilePlatform(AdapterBase):
 async def main(url: str, journal: str) -> None:
     gw = Gateway.open(url)
     await gw.start([FilePlatform(journal)])
-    context = ReplyContext(session_key="agent:main:telegram:dm:fenced", platform="telegram", chat_id="7")
+    context = ReplyContext(
+        session_key="agent:main:telegram:dm:fenced", platform="telegram", chat_id="7"
+    )
     reply = Reply("part one, part two", parts=("part one, ", "part two"))
     outcome = await gw.deliver(context, reply, "in-1")
     print(json.dumps({"status": outcome.status, "oid": outcome.obligation_id}), flush=True)

@@ -137,20 +137,23 @@ def test_a_transaction_left_open_by_a_stopped_holder_is_ended_by_the_server(
         waited["seconds"] = time.monotonic() - started
 
     try:
-        with pytest.raises(PersistenceError, match="idle-in-transaction"):
-            with holder.recorder.datastore.get_connection() as conn, conn.transaction():
-                shown = conn.execute("SHOW idle_in_transaction_session_timeout").fetchone()
-                assert shown is not None and list(dict(shown).values()) == ["1s"]  # ttl / 2
-                conn.execute(
-                    sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(
-                        sql.Identifier(schema, "gateway_ledger_events")
-                    )
+        with (
+            pytest.raises(PersistenceError, match="idle-in-transaction"),
+            holder.recorder.datastore.get_connection() as conn,
+            conn.transaction(),
+        ):
+            shown = conn.execute("SHOW idle_in_transaction_session_timeout").fetchone()
+            assert shown is not None and list(dict(shown).values()) == ["1s"]  # ttl / 2
+            conn.execute(
+                sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(
+                    sql.Identifier(schema, "gateway_ledger_events")
                 )
-                started = time.monotonic()
-                writer = threading.Thread(target=record)
-                writer.start()
-                writer.join(timeout=30)
-                conn.execute("SELECT 1")  # resumed: its transaction is gone
+            )
+            started = time.monotonic()
+            writer = threading.Thread(target=record)
+            writer.start()
+            writer.join(timeout=30)
+            conn.execute("SELECT 1")  # resumed: its transaction is gone
     finally:
         holder.close()
     assert waited["seconds"] < 3.0  # not the library's 5 s, nor forever
