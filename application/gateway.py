@@ -196,6 +196,9 @@ class _Flight:
     unproven: bool = False
     """A write of it timed out or failed: ownership is unproven until a write lands or a
     re-check against the store says so (ADR 0032)."""
+    record_unconfirmed: bool = False
+    """Its record timed out: the id may have been recorded before, by a gateway that
+    delivered the same turn (a restart re-runs it), and then it is not sent again."""
 
     @property
     def oid(self) -> str:
@@ -497,14 +500,17 @@ class Gateway:
             log.info("obligation %s queued: platform %s not connected", oid, context.platform)
             return DeliveryOutcome(status="queued", obligation_id=oid, ledger_fault=fault)
         # After a timeout the commit may still land: later writes are chained after it.
-        # A new obligation has no other owner unless this one's lease lapses, which the
-        # lease check before each hand-off sees: a slow record alone proves nothing wrong.
+        # A record that timed out may yet conflict with an earlier record of the same
+        # turn: that is proven or disproven before the first hand-off (ADR 0032).
+        timed_out = fault and not future.done()
         flight = _Flight(
             agg=agg,
             adapter=adapter,
             tracked=not future.done() or not fault,
             guard=guard,
             lease_epoch=epoch,
+            unproven=timed_out,
+            record_unconfirmed=timed_out,
         )
         flight.last_write = future
         return await self._send(flight)
@@ -587,7 +593,7 @@ class Gateway:
                 flight.tracked = False
             return False
         # Landed after everything before it: no claim came in between (optimistic check).
-        flight.lease_epoch, flight.unproven = epoch, False
+        flight.lease_epoch, flight.unproven, flight.record_unconfirmed = epoch, False, False
         return True
 
     def _write_later(self, flight: _Flight, stage: str) -> None:
@@ -651,6 +657,12 @@ class Gateway:
             mark = marker and n == 0
             if not self._owns(flight):
                 verdict = await self._prove_owner(flight)
+                if verdict == OWNER_SUPERSEDED and flight.record_unconfirmed:
+                    self._counters.already_recorded += 1
+                    log.info("obligation %s already recorded by another gateway", flight.oid)
+                    return DeliveryOutcome(
+                        status="already_recorded", obligation_id=flight.oid, ledger_fault=True
+                    )
                 if verdict == OWNER_SUPERSEDED:
                     log.info("obligation %s superseded before part %d", flight.oid, part.index)
                     return DeliveryOutcome(
@@ -708,23 +720,25 @@ class Gateway:
     def _owns(self, flight: _Flight) -> bool:
         """May this hand-off go out as the owner's, with no store round trip? (ADR 0032)
 
-        Without a lease (SQLite: liveness is /proc) nothing changes. With one: the lease
-        must be provably held a renewal period longer, not have lapsed since the flight's
-        ownership was last proven, and no write of the flight may have timed out or failed.
+        No write of the flight (its record included) may have timed out or failed since
+        it was last proven. Without a lease (SQLite: liveness is /proc) that is all. With
+        one, the lease must also be provably held a renewal period longer, and not have
+        lapsed since the flight's ownership was last proven.
         """
+        if flight.unproven:
+            return False
         heartbeat = self.ledger.heartbeat
         if heartbeat is None:
             return True
-        return (
-            not flight.unproven
-            and flight.lease_epoch == heartbeat.lapses
-            and heartbeat.holds(heartbeat.settings.renew_every)
+        return flight.lease_epoch == heartbeat.lapses and heartbeat.holds(
+            heartbeat.settings.renew_every
         )
 
     async def _prove_owner(self, flight: _Flight) -> str:
         """Renew the lease and re-read the obligation: still ours (proven), taken by a claim
         or settled by another writer (superseded), or unknowable now (unproven: the store
-        is down or slower than ``ledger_deadline``; a ledger fault)."""
+        is down or slower than ``ledger_deadline``; a ledger fault). The read does not wait
+        for this gateway's own writes still queued: they change neither owner nor fence."""
         heartbeat = self.ledger.heartbeat
         oid = flight.oid
 
@@ -739,7 +753,7 @@ class Gateway:
 
         try:
             epoch, stored = await asyncio.wait_for(
-                self.writer.call(check), timeout=self.ledger_deadline
+                self.writer.read(check), timeout=self.ledger_deadline
             )
         except Exception as e:
             self._fault(oid, "ownership check", e)
@@ -753,7 +767,7 @@ class Gateway:
             flight.tracked = False
             flight.conflicted = True
             return OWNER_SUPERSEDED
-        flight.lease_epoch, flight.unproven = epoch, False
+        flight.lease_epoch, flight.unproven, flight.record_unconfirmed = epoch, False, False
         return OWNER_PROVEN
 
     def _apply(self, flight: _Flight, command: Any) -> None:

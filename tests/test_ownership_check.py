@@ -17,12 +17,17 @@ from gateway_fakes import ScriptedAdapter
 from psycopg import sql
 
 from gateway_ledger.application.gateway import Gateway
+from gateway_ledger.application.ledger import DeliveryLedger
 from gateway_ledger.application.ports import DUPLICATE_NOTICE, Reply, ReplyContext, SendResult
-from gateway_ledger.domain.values import DeliveryTarget, MediaItem
+from gateway_ledger.domain.obligation import compute_obligation_id
+from gateway_ledger.domain.values import DeliveryTarget, MediaItem, OwnerIdentity
 from gateway_ledger.infrastructure.postgres import connect, parse_postgres_url
 
 CONTEXT = ReplyContext(session_key="agent:main:telegram:dm:9", platform="telegram", chat_id="9")
 REPLY = Reply("first, second", parts=("first, ", "second"))
+EARLIER = OwnerIdentity(
+    host="gw-before-restart", boot_id="b-1", pid=4343, start_time=9, installation_id="inst-1"
+)
 
 
 class BetweenParts(ScriptedAdapter):
@@ -112,4 +117,51 @@ async def proves_itself(pg_url: str) -> None:
     assert outcome.status == "delivered" and gw.stats().ledger_faults == 0
     heartbeat = gw.ledger.heartbeat
     assert heartbeat is not None and heartbeat.lapses == 2  # renewed by the check, late
+    await gw.close()
+
+
+def test_a_turn_recorded_before_is_not_sent_again_when_the_record_times_out(
+    pg_url: str,
+) -> None:
+    """A restarted gateway re-runs a turn whose reply an earlier one recorded (and may
+    have sent). Its record conflicts, so it is not sent again; but when the store is slow
+    the record times out first, and the reply went out plain all the same (seen in
+    ``simulate --faults`` under load). Now the id is re-checked before the hand-off."""
+    earlier = DeliveryLedger.open(pg_url, owner=EARLIER)
+    oid = compute_obligation_id(CONTEXT.session_key, "in-9", REPLY.content)
+    earlier.record_obligation(
+        obligation_id=oid,
+        session_key=CONTEXT.session_key,
+        platform="telegram",
+        chat_id="9",
+        content=REPLY.content,
+        reply_to="in-9",
+        parts=REPLY.parts,
+    )
+    earlier.mark_attempting(oid)
+    asyncio.run(redeliver(pg_url, oid))
+    assert [h.type for h in earlier.history(oid)] == ["Recorded", "Attempting"]
+    earlier.close()
+
+
+async def redeliver(pg_url: str, oid: str) -> None:
+    gw = Gateway.open(pg_url, ledger_deadline=0.3)
+    adapter = ScriptedAdapter()
+    await gw.start([adapter])
+    lock = connect(parse_postgres_url(pg_url))
+    lock.autocommit = False
+    lock.execute(  # writes wait (past the deadline); reads go on
+        sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(
+            sql.Identifier(parse_postgres_url(pg_url)["schema"], "gateway_ledger_events")
+        )
+    )
+    release = threading.Timer(1.5, lock.commit)
+    release.start()
+    try:
+        outcome = await gw.deliver(CONTEXT, REPLY, "in-9")
+    finally:
+        release.join()
+        lock.close()
+    assert adapter.sent == []
+    assert (outcome.status, outcome.obligation_id) == ("already_recorded", oid)
     await gw.close()
