@@ -300,8 +300,8 @@ class Heartbeat:
     :meth:`holds` is true nobody may have judged this owner dead. The monotonic clock runs
     on while the process is stopped (SIGSTOP), so a paused holder sees at once, on
     resuming, that it cannot prove its lease, even before this thread has renewed. (A
-    suspended VM's clock may not run on; its first renewal after resuming then counts a
-    lapse all the same, but hand-offs before that renewal are not caught.) A renewal that lands after the local deadline passed counts a
+    suspended VM's monotonic clock may not run on: neither this deadline nor the lapse
+    count sees that pause; only the fence at the next write does.) A renewal that lands after the local deadline passed counts a
     ``lapse``: the lease was renewed, but others may have claimed work in the gap, so
     whoever proved ownership before it must prove it again.
     """
