@@ -301,9 +301,10 @@ class Heartbeat:
     on while the process is stopped (SIGSTOP), so a paused holder sees at once, on
     resuming, that it cannot prove its lease, even before this thread has renewed. (A
     suspended VM's monotonic clock may not run on: neither this deadline nor the lapse
-    count sees that pause; only the fence at the next write does.) A renewal that lands after the local deadline passed counts a
-    ``lapse``: the lease was renewed, but others may have claimed work in the gap, so
-    whoever proved ownership before it must prove it again.
+    count sees that pause; only the fence at the next write does.) A renewal that lands
+    after the local deadline passed counts a ``lapse``: the lease was renewed, but others
+    may have claimed work in the gap, so whoever proved ownership before it must prove it
+    again.
     """
 
     def __init__(
