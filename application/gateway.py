@@ -40,6 +40,7 @@ from gateway_ledger.domain.errors import (
     ConcurrentUpdate,
     ConflictingRecord,
     LedgerError,
+    NotFound,
     SessionErased,
 )
 from gateway_ledger.domain.obligation import DeliveryObligation, compute_obligation_id
@@ -105,6 +106,10 @@ class DeliveryOutcome:
     ledger_fault: bool = False
     retry_in: float | None = None
 
+
+OWNER_PROVEN = "proven"
+OWNER_SUPERSEDED = "superseded"
+OWNER_UNPROVEN = "unproven"
 
 RECOVERY_COMPLETE = "complete"
 RECOVERY_PARTIAL = "partial"
@@ -186,6 +191,14 @@ class _Flight:
     runtime_retries: int = 0
     guard: SendGuard = SendGuard.NONE
     """What the next send does against an unannounced duplicate (recorded in Attempting)."""
+    lease_epoch: int = 0
+    """The heartbeat's lapse count when this gateway last proved it owns the obligation."""
+    unproven: bool = False
+    """A write of it timed out or failed: ownership is unproven until a write lands or a
+    re-check against the store says so (ADR 0032)."""
+    record_unconfirmed: bool = False
+    """Its record timed out: the id may have been recorded before, by a gateway that
+    delivered the same turn (a restart re-runs it), and then it is not sent again."""
 
     @property
     def oid(self) -> str:
@@ -280,6 +293,7 @@ class Gateway:
         quarantined = 0
         claimed: list[dict[str, Any]] = []
         swept = None
+        epoch = self._lease_epoch()  # the claims below are proven as of this lease epoch
         if problem is None:
             try:
                 claimed, swept = await self.writer.call(self._run_sweep, platforms)
@@ -290,7 +304,7 @@ class Gateway:
             quarantined = swept.quarantined
             if swept.quarantined or swept.errors:
                 recovery = RECOVERY_PARTIAL
-        outcomes = await asyncio.gather(*(self._recover(item) for item in claimed))
+        outcomes = await asyncio.gather(*(self._recover(item, epoch) for item in claimed))
         unsent = sum(1 for o in outcomes if o.status == "unsendable")
         if unsent:
             quarantined += unsent
@@ -462,6 +476,7 @@ class Gateway:
         def record_failed(error: BaseException) -> None:
             self._record_failed(oid, waiter, error)
 
+        epoch = self._lease_epoch()
         future, waiter = self.writer.submit_waiting(
             agg.collect_events(), label=oid, on_error=record_failed
         )
@@ -485,8 +500,17 @@ class Gateway:
             log.info("obligation %s queued: platform %s not connected", oid, context.platform)
             return DeliveryOutcome(status="queued", obligation_id=oid, ledger_fault=fault)
         # After a timeout the commit may still land: later writes are chained after it.
+        # A record that timed out may yet conflict with an earlier record of the same
+        # turn: that is proven or disproven before the first hand-off (ADR 0032).
+        timed_out = fault and not future.done()
         flight = _Flight(
-            agg=agg, adapter=adapter, tracked=not future.done() or not fault, guard=guard
+            agg=agg,
+            adapter=adapter,
+            tracked=not future.done() or not fault,
+            guard=guard,
+            lease_epoch=epoch,
+            unproven=timed_out,
+            record_unconfirmed=timed_out,
         )
         flight.last_write = future
         return await self._send(flight)
@@ -543,6 +567,7 @@ class Gateway:
         events = flight.agg.collect_events()
         if not flight.tracked:
             return False
+        epoch = self._lease_epoch()
         future, waiter = self.writer.submit_waiting(
             events, label=flight.oid, after=flight.last_write
         )
@@ -563,9 +588,12 @@ class Gateway:
             return False
         except Exception as e:
             self._fault(flight.oid, stage, e)
+            flight.unproven = True  # it may have lost to a claim: prove it before sending
             if not isinstance(e, TimeoutError):
                 flight.tracked = False
             return False
+        # Landed after everything before it: no claim came in between (optimistic check).
+        flight.lease_epoch, flight.unproven, flight.record_unconfirmed = epoch, False, False
         return True
 
     def _write_later(self, flight: _Flight, stage: str) -> None:
@@ -626,7 +654,25 @@ class Gateway:
         for n, part in enumerate(parts):
             # Parts go one at a time and each is confirmed before the next: only the first
             # unconfirmed part can have reached the user unconfirmed, so only it is marked.
-            text = render_duplicate_notice(adapter, part.text) if marker and n == 0 else part.text
+            mark = marker and n == 0
+            if not self._owns(flight):
+                verdict = await self._prove_owner(flight)
+                if verdict == OWNER_SUPERSEDED and flight.record_unconfirmed:
+                    self._counters.already_recorded += 1
+                    log.info("obligation %s already recorded by another gateway", flight.oid)
+                    return DeliveryOutcome(
+                        status="already_recorded", obligation_id=flight.oid, ledger_fault=True
+                    )
+                if verdict == OWNER_SUPERSEDED:
+                    log.info("obligation %s superseded before part %d", flight.oid, part.index)
+                    return DeliveryOutcome(
+                        status="superseded",
+                        obligation_id=agg.obligation_id,
+                        message_ids=tuple(receipt),
+                    )
+                # Unproven owner: never an unlabelled copy, and never a blocked send.
+                mark = mark or verdict == OWNER_UNPROVEN
+            text = render_duplicate_notice(adapter, part.text) if mark else part.text
             key = None
             if idempotent:
                 key = agg.obligation_id if single else f"{agg.obligation_id}:{part.index}"
@@ -666,6 +712,63 @@ class Gateway:
             message_ids=tuple(receipt),
             ledger_fault=not flight.tracked,
         )
+
+    def _lease_epoch(self) -> int:
+        heartbeat = self.ledger.heartbeat
+        return 0 if heartbeat is None else heartbeat.lapses
+
+    def _owns(self, flight: _Flight) -> bool:
+        """May this hand-off go out as the owner's, with no store round trip? (ADR 0032)
+
+        No write of the flight (its record included) may have timed out or failed since
+        it was last proven. Without a lease (SQLite: liveness is /proc) that is all. With
+        one, the lease must also be provably held a renewal period longer, and not have
+        lapsed since the flight's ownership was last proven.
+        """
+        if flight.unproven:
+            return False
+        heartbeat = self.ledger.heartbeat
+        if heartbeat is None:
+            return True
+        return flight.lease_epoch == heartbeat.lapses and heartbeat.holds(
+            heartbeat.settings.renew_every
+        )
+
+    async def _prove_owner(self, flight: _Flight) -> str:
+        """Renew the lease and re-read the obligation: still ours (proven), taken by a claim
+        or settled by another writer (superseded), or unknowable now (unproven: the store
+        is down or slower than ``ledger_deadline``; a ledger fault). The read does not wait
+        for this gateway's own writes still queued: they change neither owner nor fence."""
+        heartbeat = self.ledger.heartbeat
+        oid = flight.oid
+
+        def check() -> tuple[int, Any]:
+            if heartbeat is not None:
+                heartbeat.renew()
+            epoch = self._lease_epoch()
+            try:
+                return epoch, self.ledger.get(oid)
+            except NotFound:
+                return epoch, None  # never recorded: nobody else can own it
+
+        try:
+            epoch, stored = await asyncio.wait_for(
+                self.writer.read(check), timeout=self.ledger_deadline
+            )
+        except Exception as e:
+            self._fault(oid, "ownership check", e)
+            return OWNER_UNPROVEN
+        if stored is not None and (
+            stored.owner != self.owner
+            or stored.fence != flight.agg.fence
+            or ObligationState(stored.state).is_final
+        ):
+            log.info("obligation %s: another owner or writer took it (fence %d)", oid, stored.fence)
+            flight.tracked = False
+            flight.conflicted = True
+            return OWNER_SUPERSEDED
+        flight.lease_epoch, flight.unproven, flight.record_unconfirmed = epoch, False, False
+        return OWNER_PROVEN
 
     def _apply(self, flight: _Flight, command: Any) -> None:
         """Run a domain command on the live aggregate; a refusal is a ledger fault, not a stop."""
@@ -801,7 +904,7 @@ class Gateway:
 
     # -- recovery -----------------------------------------------------------------------------
 
-    async def _recover(self, item: Mapping[str, Any]) -> DeliveryOutcome:
+    async def _recover(self, item: Mapping[str, Any], lease_epoch: int = 0) -> DeliveryOutcome:
         oid = str(item["obligation_id"])
         adapter = self._adapters.get(str(item["platform"]))
         try:
@@ -821,7 +924,8 @@ class Gateway:
         self._counters.recovered += 1
         log.info("obligation %s recovered marker=%s", oid, agg.arrived_before_this_send)
         guard = _guard_for(adapter, agg.arrived_before_this_send)  # as Claimed decided
-        return await self._send(_Flight(agg=agg, adapter=adapter, guard=guard))
+        flight = _Flight(agg=agg, adapter=adapter, guard=guard, lease_epoch=lease_epoch)
+        return await self._send(flight)
 
     # -- unrecorded sends ---------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ aggregate's next version; a writer that lost the race gets ConcurrentUpdate.
 from __future__ import annotations
 
 import logging
+import os
 import time
 import weakref
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -65,7 +66,12 @@ from gateway_ledger.domain.values import (
 )
 from gateway_ledger.infrastructure.clock import Clock, system_clock
 from gateway_ledger.infrastructure.installation import resolve_installation_id
-from gateway_ledger.infrastructure.leases import Heartbeat, LeaseSettings, LeaseTable
+from gateway_ledger.infrastructure.leases import (
+    Heartbeat,
+    LeaseSettings,
+    LeaseTable,
+    with_idle_transaction_limit,
+)
 from gateway_ledger.infrastructure.private_mapper import ENCRYPT_ENV, PrivateEvents
 from gateway_ledger.infrastructure.process_identity import current_owner
 from gateway_ledger.infrastructure.store import (
@@ -125,6 +131,11 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
     ) -> None:
         env = dict(env or {})
         self.check_key_at_open = check_key
+        # Multi-host (ADR 0010): on PostgreSQL every ledger owner holds a lease by default.
+        self.lease_settings = lease or LeaseSettings.from_env()
+        module = env.get("PERSISTENCE_MODULE") or os.environ.get("PERSISTENCE_MODULE")
+        if module == "eventsourcing.postgres":
+            env = with_idle_transaction_limit(env, self.lease_settings)
         if encrypt is not None:
             env[ENCRYPT_ENV] = "y" if encrypt else "n"
         for attempt in range(5):
@@ -146,8 +157,6 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
         self.last_sweep: SweepResult | None = None
         self._recoverable: RecoverableObligations | None = None
         self._obligation_index: ObligationIndex | None = None
-        # Multi-host (ADR 0010): on PostgreSQL every ledger owner holds a lease by default.
-        self.lease_settings = lease or LeaseSettings.from_env()
         self.leases: LeaseTable | None = None
         self.heartbeat: Heartbeat | None = None
         is_postgres = self.env.get("PERSISTENCE_MODULE") == "eventsourcing.postgres"

@@ -282,6 +282,13 @@ class GroupCommitWriter:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._reader, fn, *args)
 
+    async def read(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a store read off the event loop at once, NOT after the write-behind jobs:
+        for a read that must not wait behind a stuck write, and may miss this process's
+        own writes still queued (the ownership check before a send, ADR 0032)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._reader, fn, *args)
+
     def close(self, timeout: float = 10.0) -> None:
         """Finish what is queued, then stop the thread."""
         with self._cond:

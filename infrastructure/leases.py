@@ -99,6 +99,33 @@ class LeaseSettings:
         )
 
 
+IDLE_IN_TRANSACTION_ENV = "POSTGRES_IDLE_IN_TRANSACTION_SESSION_TIMEOUT"
+"""The library's setting (whole seconds) for ``idle_in_transaction_session_timeout``."""
+IDLE_IN_TRANSACTION_DEFAULT = 5
+"""The library's own default, kept as the ceiling."""
+
+
+def idle_transaction_limit(settings: LeaseSettings) -> int:
+    """Seconds PostgreSQL lets a session sit idle inside a transaction (ADR 0032).
+
+    A gateway stopped (SIGSTOP, a frozen VM) inside a transaction keeps its row and table
+    locks, and every writer of the schema waits behind it, the sweep that should claim its
+    work included. The server ends such a transaction (rolled back, the session closed)
+    once it has been idle this long: half the lease ttl, so the locks are gone before
+    others may judge the holder dead, and never more than the library's default.
+    """
+    return max(1, min(IDLE_IN_TRANSACTION_DEFAULT, int(settings.ttl / 2)))
+
+
+def with_idle_transaction_limit(
+    env: Mapping[str, str], settings: LeaseSettings, outer: Mapping[str, str] = os.environ
+) -> dict[str, str]:
+    """``env`` with :func:`idle_transaction_limit` unless the operator set the limit."""
+    if IDLE_IN_TRANSACTION_ENV in env or IDLE_IN_TRANSACTION_ENV in outer:
+        return dict(env)
+    return {**env, IDLE_IN_TRANSACTION_ENV: str(idle_transaction_limit(settings))}
+
+
 def owner_key(owner: OwnerIdentity) -> str:
     """The lease row's key: every field of the identity, so a reused pid is another owner."""
     return json.dumps(
@@ -266,21 +293,57 @@ class Heartbeat:
 
     A failed renewal is logged and counted, never raised: the store may be back before the
     lease runs out, and if it is not, fencing (not this thread) keeps the work safe.
+
+    The holder's own view of its lease is a LOCAL deadline on ``monotonic`` (ADR 0032): the
+    clock read just before a renewal that succeeded, plus the ttl. The store's expiry is
+    later than that (its ``now()`` is read after the request left), so while
+    :meth:`holds` is true nobody may have judged this owner dead. The monotonic clock runs
+    on while the process is stopped (SIGSTOP), so a paused holder sees at once, on
+    resuming, that it cannot prove its lease, even before this thread has renewed. (A
+    suspended VM's monotonic clock may not run on: neither this deadline nor the lapse
+    count sees that pause; only the fence at the next write does.) A renewal that lands
+    after the local deadline passed counts a ``lapse``: the lease was renewed, but others
+    may have claimed work in the gap, so whoever proved ownership before it must prove it
+    again.
     """
 
-    def __init__(self, table: LeaseTable, owner: OwnerIdentity, settings: LeaseSettings) -> None:
+    def __init__(
+        self,
+        table: LeaseTable,
+        owner: OwnerIdentity,
+        settings: LeaseSettings,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.table = table
         self.owner = owner
         self.settings = settings
         self.renewals = 0
         self.failures = 0
+        self.lapses = 0
+        """Renewals that landed after the local deadline (or the first acquisition)."""
         self.expires_at: float | None = None
+        self.monotonic = monotonic
+        self._held_until = float("-inf")
+        self._renewing = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    def holds(self, margin: float = 0.0) -> bool:
+        """True while the lease is provably valid for ``margin`` more seconds (one clock read)."""
+        return self.monotonic() + margin < self._held_until
+
+    def renew(self) -> None:
+        """Renew once now and move the local deadline; raises what the store raised."""
+        with self._renewing:
+            started = self.monotonic()
+            self.expires_at = self.table.renew(self.owner, self.settings.ttl)
+            if self.monotonic() >= self._held_until:
+                self.lapses += 1  # landed after the local deadline: continuity not proven
+            self._held_until = max(self._held_until, started + self.settings.ttl)
+
     def start(self) -> Heartbeat:
         """Acquire the lease now (raises if the store refuses), then renew in the background."""
-        self.expires_at = self.table.renew(self.owner, self.settings.ttl)
+        self.renew()
         try:
             self.table.prune()
         except Exception as e:
@@ -310,7 +373,7 @@ class Heartbeat:
     def beat(self) -> bool:
         started = time.perf_counter()
         try:
-            self.expires_at = self.table.renew(self.owner, self.settings.ttl)
+            self.renew()
         except Exception as e:
             self.failures += 1
             log.warning("lease renewal failed owner=%s: %s", self.owner.pid, type(e).__name__)

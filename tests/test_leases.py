@@ -252,3 +252,46 @@ def test_a_ledger_takes_host_and_installation_from_the_environment(
     assert (ledger.owner.host, ledger.owner.installation_id) == ("posing-host-b", "inst-b")
     assert ledger.owner.pid == os.getpid()
     ledger.close()
+
+
+def test_a_holder_proves_its_lease_by_a_local_monotonic_deadline_and_counts_lapses(
+    sqlite_location: str,
+) -> None:
+    """ADR 0032: the deadline is the clock read BEFORE a renewal that landed, plus the ttl;
+    a process stopped past it finds on resuming that it cannot prove its lease, before any
+    renewal; a renewal that lands after it counts a lapse (others may have claimed)."""
+    ledger = open_with_leases(sqlite_location)
+    mono = ManualClock(100.0)
+    slow = {"renewal": 0.0, "fail": False}
+
+    def store_clock() -> float:  # the table reads its clock inside each renewal
+        if slow["fail"]:
+            raise OSError("store unreachable")
+        mono.now += slow["renewal"]
+        return time.time()
+
+    table = LeaseTable.of(ledger, store_clock)
+    heartbeat = Heartbeat(table, FOREIGN, LeaseSettings(ttl=2, renew_every=0.5), monotonic=mono)
+    assert not heartbeat.holds()  # nothing acquired yet
+    heartbeat.renew()
+    assert heartbeat.lapses == 1  # the first acquisition: nothing proven before it
+    assert heartbeat.holds(1.9) and not heartbeat.holds(2.0)
+    mono.now = 101.5
+    assert heartbeat.beat() and heartbeat.lapses == 1  # on time: continuity proven
+    assert heartbeat.holds(1.9) and not heartbeat.holds(2.0)  # 101.5 + 2
+
+    mono.now = 110.0  # stopped (SIGSTOP) well past the deadline; no renewal has run yet
+    assert not heartbeat.holds()
+    assert heartbeat.beat() and heartbeat.lapses == 2 and heartbeat.holds(1.9)
+
+    slow["renewal"] = 1.5  # started inside the deadline (111 < 112), landed after it
+    mono.now = 111.0
+    assert heartbeat.beat() and heartbeat.lapses == 3
+    assert mono.now == 112.5
+    assert heartbeat.holds(0.4) and not heartbeat.holds(0.5)  # from its start: 111 + 2
+
+    slow["renewal"], slow["fail"] = 0.0, True
+    mono.now = 112.9
+    assert heartbeat.beat() is False  # a failed renewal moves nothing
+    assert not heartbeat.holds(0.1) and heartbeat.lapses == 3
+    ledger.close()
