@@ -251,6 +251,15 @@ class DuplicateAuditor:
         if kind not in _KINDS:
             self.undecodable(key, key, version, f"unknown_topic: {topic}")
             return
+        try:
+            self.judge(key, version, kind, state)
+        except (TypeError, KeyError, ValueError, AttributeError) as e:
+            # Valid JSON of the wrong shape (a flipped bit inside a value, written after
+            # the index caught up): the mapper would refuse it too.
+            self.undecodable(key, key, version, f"undecodable: {type(e).__name__}")
+
+    def judge(self, key: str, version: int, kind: str, state: dict[str, Any]) -> None:
+        """One decoded obligation event, in order: the audit's rules."""
         if kind == "Recorded":
             self.obligations[key] = _Obligation(
                 str(state.get("obligation_id") or key), _owner(state.get("owner"))

@@ -24,7 +24,7 @@ import contextlib
 import dataclasses
 import logging
 from binascii import a2b_base64, b2a_base64
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any, ClassVar
 from uuid import UUID
@@ -306,6 +306,17 @@ _EMPTYABLE = (str, list, tuple, dict)
 
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _malformed_value(state: dict[str, Any], type_names: Mapping[str, Any]) -> str | None:
+    """The field whose value is one of our typed values that lost its shape (a flipped bit
+    in ``"_data_"``, say), or None. The transcoder leaves such a value a plain dict, as it
+    must for user metadata that only looks like a tag; in an event's own clear fields (an
+    owner, a target, a time) it would pass for a value and break a reader later."""
+    for name, value in state.items():
+        if type(value) is dict and value.get("_type_") in type_names:
+            return name
+    return None
 
 
 def _field_names(cls: type) -> tuple[str, ...]:
@@ -636,6 +647,14 @@ class PrivateMapper(Mapper[UUID]):
                 stored_event.originator_version,
                 QuarantineReason.UNDECODABLE.value,
                 "malformed sealed envelope",
+            )
+        malformed = _malformed_value(event_state, getattr(self.transcoder, "names", {}))
+        if malformed is not None:
+            raise UndecodableEvent(
+                str(stored_event.originator_id),
+                stored_event.originator_version,
+                QuarantineReason.UNDECODABLE.value,
+                f"malformed typed value in {malformed!r}",
             )
         if envelope is not None and (_STATE_ONLY.get() or _KEEP_SEALED.get()):
             spec = self.policy.by_topic.get(stored_event.topic)

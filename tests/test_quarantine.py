@@ -471,3 +471,38 @@ def test_views_made_by_an_earlier_release_gain_the_quarantine_columns(store_loca
     assert [item["obligation_id"] for item in fresh.sweep_recoverable()] == [owed]
     assert fresh.stats().quarantined_ids == ("long-delivered",)
     fresh.close()
+
+
+def test_an_owner_whose_tag_lost_its_shape_quarantines_only_its_obligation(
+    store_location: str,
+) -> None:
+    """A flipped bit in ``"_data_"`` of a Delivered event's owner leaves valid JSON that the
+    transcoder keeps as a plain dict (as it must for metadata that only looks like a tag).
+    Found by the flipped-bit property: the audit crashed on it (an unhashable owner) while
+    the views read the event as sound. Now it is undecodable for every reader alike."""
+    (orphan,) = record_orphans(store_location, 1, prefix="shape")
+    ledger = DeliveryLedger.open(store_location)
+    try:
+        bad = deliver_one_with(ledger, "shape-delivered")
+        state = stored_state(store_location, bad, 3)
+        assert b'"_type_":"OwnerIdentity","_data_"' in state
+        set_state(
+            store_location, bad, 3, state.replace(b'Identity","_data_"', b'Identity","^data_"')
+        )
+        won = ledger.sweep_recoverable()
+        assert [item["obligation_id"] for item in won] == [orphan]
+        assert ledger.last_sweep is not None and ledger.last_sweep.errors == 0
+        assert ledger.stats().quarantined_ids == (bad,)
+        report = ledger.audit_duplicates()
+        assert [f.obligation_id for f in report.findings if f.kind == "undecodable_event"] == [bad]
+    finally:
+        ledger.close()
+
+
+def deliver_one_with(ledger: DeliveryLedger, oid: str) -> str:
+    ledger.record_obligation(
+        obligation_id=oid, session_key="agent:main:x:dm:1", platform="x", chat_id="1", content="c"
+    )
+    ledger.mark_attempting(oid)
+    ledger.mark_delivered(oid, ["m1"])
+    return oid

@@ -316,58 +316,12 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 # -- the planted faults (SQLite, generator only) -----------------------------------------------
 
 
-def _stored_state(db: Path, aggregate: UUID, version: int) -> bytes:
-    conn = sqlite3.connect(db)
-    try:
-        row = conn.execute(
-            "SELECT state FROM stored_events WHERE originator_id = ? AND originator_version = ?",
-            (aggregate.hex, version),
-        ).fetchone()
-    finally:
-        conn.close()
-    return bytes(row[0])
+def planted(db: Path) -> Any:
+    """The store's events table, for the faults the generator plants with plain SQL (the
+    simulator's own fault planter: one way to write bad bytes)."""
+    from gateway_ledger.infrastructure.simulation.faults import EventTable
 
-
-def _set_state(db: Path, aggregate: UUID, version: int, state: bytes) -> None:
-    conn = sqlite3.connect(db)
-    try:
-        done = conn.execute(
-            "UPDATE stored_events SET state = ? WHERE originator_id = ? AND originator_version = ?",
-            (state, aggregate.hex, version),
-        )
-        assert done.rowcount == 1
-        conn.commit()
-    finally:
-        conn.close()
-
-
-def tamper_ciphertext(db: Path, aggregate: UUID, version: int) -> None:
-    """One bit of the sealed fields' ciphertext flipped (still valid base64 and JSON)."""
-    state = orjson.loads(_stored_state(db, aggregate, version))
-    blob = bytearray(base64.b64decode(state["_sealed_"]["c"]))
-    blob[20] ^= 0x01
-    state["_sealed_"]["c"] = base64.b64encode(bytes(blob)).decode()
-    _set_state(db, aggregate, version, orjson.dumps(state))
-
-
-def flip_first_byte(db: Path, aggregate: UUID, version: int) -> None:
-    """One bit of the stored event's first byte flipped: ``{`` becomes ``z``."""
-    state = bytearray(_stored_state(db, aggregate, version))
-    state[0] ^= 0x01
-    _set_state(db, aggregate, version, bytes(state))
-
-
-def append_event(db: Path, aggregate: UUID, version: int, topic: str, state: bytes) -> None:
-    conn = sqlite3.connect(db)
-    try:
-        conn.execute(
-            "INSERT INTO stored_events (originator_id, originator_version, topic, state) "
-            "VALUES (?, ?, ?, ?)",
-            (aggregate.hex, version, topic, state),
-        )
-        conn.commit()
-    finally:
-        conn.close()
+    return EventTable(str(db), _SQLITE_EVENTS)
 
 
 # -- coverage ---------------------------------------------------------------------------------

@@ -288,7 +288,7 @@ def write_ledger(location: Path, clock: Clock, keys: dict[str, str]) -> None:
         record(a, "g-unreadable", dm)
         a.mark_attempting("g-unreadable")
         w.close()
-        gs.tamper_ciphertext(location, obligation_uuid("g-unreadable"), 1)
+        gs.planted(location).tamper_ciphertext(obligation_uuid("g-unreadable"), 1)
         clock.at(710 + 25 * 3600)
         found = w.ledger(B).sweep_recoverable(clock.now, liveness=only_dead(A))
         assert found == [], found
@@ -346,9 +346,8 @@ def write_ledger(location: Path, clock: Clock, keys: dict[str, str]) -> None:
         a.mark_attempting("g-newer")
     finally:
         w.close()
-    gs.flip_first_byte(location, obligation_uuid("g-flipped"), 2)
-    gs.append_event(
-        location,
+    gs.planted(location).flip_first_byte(obligation_uuid("g-flipped"), 2)
+    gs.planted(location).insert(
         obligation_uuid("g-newer"),
         3,
         gs.NEWER_TOPIC,

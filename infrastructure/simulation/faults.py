@@ -19,6 +19,7 @@ the ledger from outside, whatever the ledger does inside.
 
 from __future__ import annotations
 
+import base64
 import os
 import random
 import signal
@@ -110,6 +111,48 @@ class EventTable:
         )
         return int(version), str(topic)
 
+    def state(self, aggregate_id: UUID, version: int) -> bytes:
+        """The stored bytes of one event."""
+        rows = self._query(
+            "SELECT state FROM {t} WHERE originator_id = {p} AND originator_version = {p}",
+            self._key(aggregate_id),
+            version,
+        )
+        if not rows:
+            raise LookupError(f"no event v{version} of {aggregate_id}")
+        return bytes(rows[0][0])
+
+    def set_state(self, aggregate_id: UUID, version: int, state: bytes) -> None:
+        """Replace the stored bytes of one event, as bit rot or a tampering hand would."""
+        self._execute(
+            "UPDATE {t} SET state = {p} WHERE originator_id = {p} AND originator_version = {p}",
+            (state, self._key(aggregate_id), version),
+        )
+
+    def flip_first_byte(self, aggregate_id: UUID, version: int) -> None:
+        """One bit of the event's first byte flipped: ``{`` becomes ``z``, no longer JSON."""
+        data = bytearray(self.state(aggregate_id, version))
+        data[0] ^= 0x01
+        self.set_state(aggregate_id, version, bytes(data))
+
+    def tamper_ciphertext(self, aggregate_id: UUID, version: int) -> None:
+        """One bit of the sealed fields' ciphertext flipped, still valid base64 and JSON:
+        only the AEAD's authentication finds it."""
+        state = orjson.loads(self.state(aggregate_id, version))
+        blob = bytearray(base64.b64decode(state["_sealed_"]["c"]))
+        blob[20] ^= 0x01
+        state["_sealed_"]["c"] = base64.b64encode(bytes(blob)).decode()
+        self.set_state(aggregate_id, version, orjson.dumps(state))
+
+    def insert(self, aggregate_id: UUID, version: int, topic: str, state: bytes) -> None:
+        """Append a raw event at ``version`` (as the library does: in notification order)."""
+        self._execute(
+            "INSERT INTO {t} (originator_id, originator_version, topic, state) "
+            "VALUES ({p}, {p}, {p}, {p})",
+            (self._key(aggregate_id), version, topic, state),
+            lock=True,
+        )
+
     def append_unknown(self, aggregate_id: UUID, now: datetime) -> int:
         """Append an event of a type this version does not know, at the next version."""
         state = orjson.dumps(
@@ -122,12 +165,7 @@ class EventTable:
             )
             version = int(rows[0][0]) + 1
             try:
-                self._execute(
-                    "INSERT INTO {t} (originator_id, originator_version, topic, state) "
-                    "VALUES ({p}, {p}, {p}, {p})",
-                    (self._key(aggregate_id), version, UNKNOWN_TOPIC, state),
-                    lock=True,
-                )
+                self.insert(aggregate_id, version, UNKNOWN_TOPIC, state)
             except Exception as e:
                 if not _is_duplicate_key(e):
                     raise
