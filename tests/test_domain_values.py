@@ -24,7 +24,12 @@ from gateway_ledger.domain.hashing import (
     keyed_hash_id,
     keyed_hash_sender_id,
 )
+from gateway_ledger.domain.session_policy import ResetReason
 from gateway_ledger.domain.values import (
+    MAX_METADATA_BYTES,
+    MAX_NAME_CHARS,
+    MAX_REASON_CHARS,
+    QUARANTINED,
     AbandonReason,
     DeliveryTarget,
     ErrorClass,
@@ -32,11 +37,15 @@ from gateway_ledger.domain.values import (
     MediaItem,
     ObligationState,
     OwnerIdentity,
+    QuarantineReason,
     SendGuard,
     cut_error,
     receipt_ids,
     require_aware,
+    require_choice,
+    require_clear_text,
     require_json_like,
+    require_metadata,
     require_text,
 )
 
@@ -65,6 +74,8 @@ def test_stored_enum_spellings_never_change() -> None:
         "operator",
         "erased",
     ]
+    assert [q.value for q in QuarantineReason] == ["unknown_topic", "undecodable", "unreadable"]
+    assert QUARANTINED == "quarantined"  # the obligation index's state for a quarantined one
 
 
 def test_only_delivered_and_abandoned_are_final() -> None:
@@ -192,6 +203,88 @@ def test_metadata_keys_are_text_and_the_typed_value_keys_are_reserved() -> None:
         require_json_like("m", {"k": {"_type_": "x", "_data_": "y"}})
     require_json_like("m", {"_type_": "x"})
     require_json_like("m", {"_type_": "x", "_data_": "y", "more": 1})
+
+
+# -- choices, clear text, metadata size -------------------------------------------------------
+
+
+def test_a_choice_is_a_member_or_its_spelling_and_anything_else_names_the_accepted() -> None:
+    assert require_choice("abandon reason", "stale", AbandonReason) is AbandonReason.STALE
+    assert require_choice("abandon reason", AbandonReason.ERASED, AbandonReason) is (
+        AbandonReason.ERASED
+    )
+    accepted = "one of: max_attempts, stale, dead_target, operator, erased"
+    for bad in ("STALE", "", 1, None, ResetReason.IDLE):
+        with pytest.raises(InvalidInput, match=f"unknown abandon reason .*\\({accepted}\\)"):
+            require_choice("abandon reason", bad, AbandonReason)
+
+
+def test_clear_text_refuses_nul_blanks_and_more_than_256_characters() -> None:
+    assert MAX_NAME_CHARS == 256 and MAX_REASON_CHARS == 500  # promised in the README
+    name = "n" * MAX_NAME_CHARS
+    assert require_clear_text("host", name) == name
+    assert require_clear_text("host", "é" * MAX_NAME_CHARS) == "é" * MAX_NAME_CHARS  # characters
+    with pytest.raises(InvalidInput, match="host is longer than 256 characters"):
+        require_clear_text("host", name + "n")
+    assert require_clear_text("reason", "r" * 500, max_chars=500) == "r" * 500
+    with pytest.raises(InvalidInput, match="longer than 500"):
+        require_clear_text("reason", "r" * 501, max_chars=500)
+    for nul in ("\x00", "a\x00b"):
+        with pytest.raises(InvalidInput, match="must not contain NUL"):
+            require_clear_text("host", nul)
+    with pytest.raises(InvalidInput, match="host must not be empty"):
+        require_clear_text("host", "")
+    assert require_clear_text("requested_by", "", allow_empty=True) == ""
+    with pytest.raises(InvalidInput, match="host must be a str"):
+        require_clear_text("host", 7)
+    with pytest.raises(InvalidInput, match="not valid Unicode"):
+        require_clear_text("host", "\ud800")
+
+
+def test_names_kept_in_clear_on_owners_and_targets_refuse_nul_and_blanks() -> None:
+    with pytest.raises(InvalidInput, match="host must not contain NUL"):
+        OwnerIdentity(host="h\x00", boot_id="b", pid=1)
+    with pytest.raises(InvalidInput, match="boot_id is longer than 256"):
+        OwnerIdentity(host="h", boot_id="b" * 257, pid=1)
+    with pytest.raises(InvalidInput, match="platform must not be empty"):
+        DeliveryTarget(platform="", chat_id="c")
+    with pytest.raises(InvalidInput, match="platform must not contain NUL"):
+        DeliveryTarget(platform="t\x00", chat_id="c")
+
+
+def test_metadata_is_a_mapping_copied_into_a_dict_and_none_is_empty() -> None:
+    given = {"parse_mode": "HTML", "buttons": [["a", 1]]}
+    meta = require_metadata("metadata", given)
+    assert meta == given and type(meta) is dict and meta is not given
+    assert require_metadata("metadata", None) == {}
+    assert require_metadata("metadata", {}) == {}
+    for bad in ([("a", 1)], "x", 0):
+        with pytest.raises(InvalidInput, match="metadata must be a mapping"):
+            require_metadata("metadata", bad)
+    with pytest.raises(InvalidInput, match="JSON cannot carry"):
+        require_metadata("metadata", {"a": {1, 2}})
+
+
+def _at_weight(shape: str, weight: int) -> dict[str, object]:
+    """Metadata of exactly ``weight`` by the documented count: strings and keys in UTF-8
+    bytes, 8 bytes for every other value (a mapping and a list too)."""
+    if shape == "ascii":  # 8 (the mapping) + 1 (the key) + the string
+        return {"k": "x" * (weight - 9)}
+    if shape == "utf8":  # 'é' is two bytes
+        return {"k": "é" * 1000 + "x" * (weight - 9 - 2000)}
+    if shape == "list":  # 8 + 1 + (8 (the list) + 3 * 8 + the string)
+        return {"k": [True, None, 1.5, "x" * (weight - 41)]}
+    assert shape == "nested"  # 8 + 1 + (8 + 1 + the string)
+    return {"k": {"j": "x" * (weight - 18)}}
+
+
+@pytest.mark.parametrize("shape", ["ascii", "utf8", "list", "nested"])
+def test_metadata_is_refused_above_64_kib_counted_as_documented(shape: str) -> None:
+    assert MAX_METADATA_BYTES == 64 * 1024
+    largest = _at_weight(shape, 64 * 1024)
+    assert require_metadata("metadata", largest) == largest
+    with pytest.raises(InvalidInput, match="metadata is larger than 65536 bytes"):
+        require_metadata("metadata", _at_weight(shape, 64 * 1024 + 1))
 
 
 # -- identities, targets, media --------------------------------------------------------------

@@ -66,12 +66,85 @@ def test_error_message_text_is_told_apart_from_behaviour() -> None:
     by_id = {m.ident: m for m in mutants_of("domain/obligation.py")}
     message = [m for m in by_id.values() if m.error_text]
     assert message and all(m.file == "domain/obligation.py" for m in message)
-    assert by_id["domain/obligation.py::_validate_obligation_id: 200 -> 201"].error_text is False
+    # Pinned in record and in the late-result event body: both are the core of the aggregate
+    # (the ask to deliver a reply; the marker rule), not helpers that edits move around.
     obligation = "domain/obligation.py::DeliveryObligation."
     name_arg = obligation + "record: 'session_key' -> 'XXsession_keyXX'"
     assert by_id[name_arg].error_text is True
     outcome = obligation + "_late_result: 'delivered' -> 'XXdeliveredXX'"
     assert by_id[outcome].error_text is False
+
+
+def _module_caps(tree: ast.Module) -> list[ast.Constant]:
+    """The numbers in the module-level ``MAX_*`` limits (whatever they are called today)."""
+    return [
+        number
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id.startswith("MAX_") for t in node.targets)
+        for number in ast.walk(node.value)
+        if isinstance(number, ast.Constant) and type(number.value) is int
+    ]
+
+
+def _message_helpers() -> set[str]:
+    """The helpers whose first argument only words an error, found by the domain's own
+    convention: a validator in values.py takes the ``name`` of what it checks first, and an
+    aggregate's refusal takes the ``transition`` it refuses."""
+    found = set()
+    values = ast.parse((ROOT / "domain" / "values.py").read_bytes())
+    for node in values.body:
+        if isinstance(node, ast.FunctionDef) and [a.arg for a in node.args.args[:1]] == ["name"]:
+            found.add(node.name)
+    for file in tool.DEFAULT_TARGETS:
+        tree = ast.parse((ROOT / file).read_bytes())
+        methods = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
+        found.update(
+            m.name for m in methods if [a.arg for a in m.args.args[:2]] == ["self", "transition"]
+        )
+    return found
+
+
+def _message_names(tree: ast.Module, helpers: set[str]) -> list[ast.Constant]:
+    """The literal first arguments handed to those helpers."""
+    return [
+        node.args[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and tool._call_name(node) in helpers
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+    ]
+
+
+def test_limits_are_behaviour_and_names_for_messages_are_text_in_every_domain_file() -> None:
+    """Found by what they are, not by where they stand, so an edit elsewhere keeps it valid:
+    changing a size limit is behaviour, and the name handed to ``require_clear_text`` and its
+    kin only words an error."""
+    helpers = _message_helpers()
+    assert {"require_text", "require_clear_text", "_require_state"} <= helpers
+    caps = names = 0
+    for file in tool.DEFAULT_TARGETS:
+        source = (ROOT / file).read_bytes()
+        tree = ast.parse(source)
+        starts = [0]
+        for line in source.splitlines(keepends=True):
+            starts.append(starts[-1] + len(line))
+        at = {(m.start, m.end): m for m in mutants_of(file)}
+
+        def mutant_at(node: ast.expr, at: Any = at, starts: list[int] = starts) -> Any:
+            start = starts[node.lineno - 1] + node.col_offset
+            end = starts[node.end_lineno - 1] + node.end_col_offset  # type: ignore[operator]
+            return at[(start, end)]
+
+        for cap in _module_caps(tree):
+            assert mutant_at(cap).error_text is False, file
+            caps += 1
+        for name in _message_names(tree, helpers):
+            assert mutant_at(name).error_text is True, (file, name.value)
+            names += 1
+    assert caps >= 3 and names >= 10  # MAX_CONTENT_BYTES and the input caps; many names
 
 
 def test_every_allow_list_entry_names_an_existing_mutant_with_a_reason() -> None:

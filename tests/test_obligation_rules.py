@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 from uuid import UUID
 
@@ -20,9 +21,11 @@ import pytest
 
 from gateway_ledger.domain.errors import IllegalTransition, InvalidInput
 from gateway_ledger.domain.obligation import (
+    RECORD_FIELDS,
     DeliveryObligation,
     compute_obligation_id,
     obligation_uuid,
+    record_differences,
 )
 from gateway_ledger.domain.values import (
     AbandonReason,
@@ -32,6 +35,7 @@ from gateway_ledger.domain.values import (
     MediaItem,
     ObligationState,
     OwnerIdentity,
+    QuarantineReason,
 )
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -650,6 +654,132 @@ def test_abandoning_refuses_an_unknown_reason_or_a_non_text_detail() -> None:
     assert agg.state is ObligationState.PENDING and agg.version == 1
 
 
+def test_an_operator_must_say_why_in_at_most_500_characters() -> None:
+    agg = record()
+    with pytest.raises(InvalidInput, match="abandon reason is longer than 500"):
+        agg.abandon(reason=AbandonReason.OPERATOR, now=at(1), by=OPERATOR, detail="d" * 501)
+    with pytest.raises(InvalidInput, match="abandon reason must not contain NUL"):
+        agg.abandon(reason=AbandonReason.OPERATOR, now=at(1), by=OPERATOR, detail="why\x00")
+    assert agg.version == 1
+    agg.abandon(reason=AbandonReason.OPERATOR, now=at(1), by=OPERATOR, detail="d" * 500)
+    assert agg.abandon_reason is AbandonReason.OPERATOR
+
+
+# -- quarantine (ADR 0027: nothing unreadable is ever sent) ---------------------------------
+
+
+def test_a_new_obligation_is_not_quarantined() -> None:
+    agg = record()
+    assert agg.is_quarantined is False and agg.quarantine_reason is None
+
+
+def test_quarantine_keeps_the_state_takes_ownership_and_names_the_reason(track: Any) -> None:
+    t = track(record())
+    agg = t.agg
+    agg.start_attempt(by=A, now=at(1))
+    t.new_events()
+    agg.quarantine(reason="unreadable", found_at=2, by=B, now=at(2))
+    (event,) = t.new_events()
+    assert type(event).__name__ == "Quarantined"  # a stored topic: never renamed
+    assert (event.by, event.previous_owner, event.reason, event.found_at, event.fence) == (
+        B,
+        A,
+        "unreadable",
+        2,
+        1,
+    )
+    assert agg.is_quarantined and agg.quarantine_reason is QuarantineReason.UNREADABLE
+    assert agg.state is ObligationState.ATTEMPTING  # the state is kept; the index shows it
+    assert (agg.owner, agg.fence, agg.last_transition_at) == (B, 1, at(2))
+
+
+def test_a_quarantined_obligation_is_never_sent_claimed_or_retried_only_abandoned(
+    track: Any,
+) -> None:
+    t = track(record())
+    agg = t.agg
+    agg.quarantine(reason=QuarantineReason.UNDECODABLE, found_at=1, by=B, now=at(1))
+    t.new_events()
+    with pytest.raises(IllegalTransition, match="quarantined \\(undecodable\\)"):
+        agg.start_attempt(by=B, now=at(2))
+    with pytest.raises(IllegalTransition, match="quarantined"):
+        agg.claim(by=C, now=at(2), policy=POLICY)
+    with pytest.raises(IllegalTransition, match="quarantined"):
+        agg.request_retry(by=OPERATOR, now=at(2))
+    with pytest.raises(IllegalTransition, match="quarantined"):
+        agg.quarantine(reason="unreadable", found_at=1, by=C, now=at(2))
+    assert t.new_events() == []
+    agg.abandon(reason=AbandonReason.OPERATOR, now=at(3), by=OPERATOR, detail="unreadable")
+    assert agg.state is ObligationState.ABANDONED
+
+
+def test_a_paused_owner_reports_late_after_a_quarantine(track: Any) -> None:
+    t = track(record())
+    agg = t.agg
+    agg.start_attempt(by=A, now=at(1))
+    agg.quarantine(reason="unknown_topic", found_at=2, by=B, now=at(2))
+    t.new_events()
+    agg.confirm_delivery(by=A, now=at(3), fence=0)
+    assert names(t.new_events()) == ["LateResultReported"]
+    assert agg.state is ObligationState.ATTEMPTING and agg.owner == B
+
+
+def test_resolved_obligations_are_never_quarantined() -> None:
+    agg = record()
+    agg.start_attempt(by=A, now=at(1))
+    agg.confirm_delivery(by=A, now=at(2))
+    with pytest.raises(IllegalTransition, match="quarantined"):
+        agg.quarantine(reason="unreadable", found_at=1, by=B, now=at(3))
+    assert agg.quarantine_reason is None
+
+
+@pytest.mark.parametrize("found_at", [0, -1, True, 1.0, "1", None])
+def test_quarantine_names_a_stored_event_version_of_at_least_one(found_at: object) -> None:
+    agg = record()
+    with pytest.raises(InvalidInput, match="found_at"):
+        agg.quarantine(reason="unreadable", found_at=found_at, by=B, now=at(1))  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match="unknown quarantine reason"):
+        agg.quarantine(reason="broken", found_at=1, by=B, now=at(1))  # type: ignore[arg-type]
+    assert agg.version == 1 and not agg.is_quarantined
+    agg.quarantine(reason="unreadable", found_at=1, by=B, now=at(1))  # type: ignore[arg-type]
+    assert agg.is_quarantined
+
+
+# -- the same id recorded twice -------------------------------------------------------------
+
+
+def _as_recorded(agg: DeliveryObligation, **changes: Any) -> SimpleNamespace:
+    """The record fields as a stored event carries them (sequences as tuples here)."""
+    fields = {name: getattr(agg, name) for name in RECORD_FIELDS}
+    fields["parts"] = tuple(fields["parts"])
+    fields["media"] = tuple(fields["media"])
+    fields.update(changes)
+    return SimpleNamespace(**fields)
+
+
+def test_the_same_record_again_differs_in_nothing_whatever_sequence_it_uses() -> None:
+    agg = record("hello world", parts=["hello ", "world"], metadata={"n": 1})
+    assert RECORD_FIELDS == ("session_key", "target", "content", "parts", "media", "metadata")
+    assert record_differences(agg, _as_recorded(agg)) == ()
+    assert record_differences(_as_recorded(agg), agg) == ()
+
+
+def test_a_conflicting_record_names_every_field_that_differs_in_order() -> None:
+    agg = record("hello world", parts=["hello ", "world"], metadata={"n": 1})
+    other = DeliveryTarget(platform="telegram", chat_id="2")
+    changes: dict[str, Any] = {
+        "session_key": "k2",
+        "target": other,
+        "content": "hello world!",
+        "parts": ("hello", " world"),
+        "media": (MediaItem(kind="image", uri="file:///a.png"),),
+        "metadata": {"n": 2},
+    }
+    for name, value in changes.items():
+        assert record_differences(agg, _as_recorded(agg, **{name: value})) == (name,)
+    assert record_differences(agg, _as_recorded(agg, **changes)) == RECORD_FIELDS
+
+
 @pytest.mark.parametrize(
     "command",
     [
@@ -660,6 +790,9 @@ def test_abandoning_refuses_an_unknown_reason_or_a_non_text_detail() -> None:
         lambda agg: agg.claim(by=B, now=T0.replace(tzinfo=None), policy=POLICY),
         lambda agg: agg.request_retry(by=B, now=T0.replace(tzinfo=None)),
         lambda agg: agg.abandon(reason="stale", now=T0.replace(tzinfo=None)),
+        lambda agg: agg.quarantine(
+            reason="unreadable", found_at=1, by=B, now=T0.replace(tzinfo=None)
+        ),
     ],
 )
 def test_every_command_refuses_a_naive_time(command: Any) -> None:

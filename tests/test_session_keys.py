@@ -292,6 +292,18 @@ def test_optional_source_fields_are_any_valid_text() -> None:
             SessionSource(platform=padded)
 
 
+def test_the_profile_is_kept_in_clear_so_it_refuses_nul_and_more_than_256_characters() -> None:
+    # Any other optional field is sealed at rest and may hold NUL; the profile names no
+    # person and is kept in clear (an index, operators' output), like a platform name.
+    assert SessionSource(platform="telegram", user_name="a\x00b").user_name == "a\x00b"
+    assert SessionSource(platform="telegram", profile=" ").profile == " "  # any text, as above
+    assert SessionSource(platform="telegram", profile="p" * 256).profile == "p" * 256
+    with pytest.raises(InvalidInput, match="profile must not contain NUL"):
+        SessionSource(platform="telegram", profile="ops\x00")
+    with pytest.raises(InvalidInput, match="profile is longer than 256"):
+        SessionSource(platform="telegram", profile="p" * 257)
+
+
 def test_a_missing_chat_id_is_empty_text() -> None:
     assert SessionSource(platform="telegram").chat_id == ""
     assert SessionSource(platform="telegram", chat_id=None).chat_id == ""  # type: ignore[arg-type]

@@ -140,10 +140,15 @@ ERROR_TEXT_ARGS: dict[str, tuple[int, ...] | None] = {
     "_require_state": (0,),
     "_require_open": (0,),
     "require_text": (0,),
+    "require_clear_text": (0,),
+    "require_choice": (0,),
+    "require_metadata": (0,),
+    "_require_not_quarantined": (0,),
     "require_aware": (0,),
     "require_json_like": (0,),
     "optional_text": (0,),
     "_text": (0,),
+    "_clear_text": (0,),
 }
 
 BINOP_SWAPS: dict[type[ast.operator], type[ast.operator]] = {
