@@ -44,6 +44,25 @@ class PlannedAction:
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
 
+    @classmethod
+    def of(cls, d: SweepDecision) -> PlannedAction:
+        """What the sweep decided for one obligation, in an operator's words."""
+        ob = d.obligation
+        if d.quarantine_reason is not None:
+            action, reason = "quarantine", d.quarantine_reason.value
+        elif d.abandon_reason is not None:
+            action, reason = "abandon", d.abandon_reason.value
+        else:
+            action, reason = "claim", None
+        return cls(
+            obligation_id=ob.obligation_id,
+            platform=ob.platform,
+            action=action,
+            reason=reason,
+            needs_marker=d.needs_marker,
+            recovery_attempt=ob.recovery_attempts,
+        )
+
 
 @attrs.frozen
 class SweepPreview:
@@ -65,26 +84,14 @@ class _PreviewSweep(RecoverySweep):
 
     def commit(self, batch: list[SweepDecision]) -> None:
         for d in batch:
-            ob = d.obligation
-            reason = d.abandon_reason.value if d.abandon_reason else None
-            action = "claim" if reason is None else "abandon"
-            if d.quarantine_reason is not None:
-                action, reason = "quarantine", d.quarantine_reason.value
+            planned = PlannedAction.of(d)
+            if planned.action == "quarantine":
                 self.counts["quarantined"] += 1
-            elif reason is None:
+            elif planned.action == "claim":
                 self.counts["claimed"] += 1
             else:
-                self.abandoned[reason] += 1
-            self.actions.append(
-                PlannedAction(
-                    obligation_id=ob.obligation_id,
-                    platform=ob.platform,
-                    action=action,
-                    reason=reason,
-                    needs_marker=d.needs_marker,
-                    recovery_attempt=ob.recovery_attempts,
-                )
-            )
+                self.abandoned[str(planned.reason)] += 1
+            self.actions.append(planned)
 
 
 def preview_sweep(
@@ -136,32 +143,14 @@ class _AbandonOnlySweep(RecoverySweep):
         decision = super().decide(obligation_id, seen_owner, aggregate_id, loaded)
         if decision is None or decision.abandon_reason or decision.quarantine_reason:
             return decision  # abandons and quarantines send nothing: saved
-        ob = decision.obligation  # claimed in memory only: dropped here, never saved
-        self.left[ob.obligation_id] = PlannedAction(
-            obligation_id=ob.obligation_id,
-            platform=ob.platform,
-            action="claim",
-            reason=None,
-            needs_marker=decision.needs_marker,
-            recovery_attempt=ob.recovery_attempts,
-        )
+        # Claimed in memory only: dropped here, never saved.
+        self.left[decision.obligation.obligation_id] = PlannedAction.of(decision)
         return None
 
     def done(self, d: SweepDecision) -> None:
         super().done(d)
-        ob = d.obligation
-        why = d.quarantine_reason or d.abandon_reason
-        self.left.pop(ob.obligation_id, None)
-        self.abandoned_actions.append(
-            PlannedAction(
-                obligation_id=ob.obligation_id,
-                platform=ob.platform,
-                action="quarantine" if d.quarantine_reason else "abandon",
-                reason=why.value if why else None,
-                needs_marker=d.needs_marker,
-                recovery_attempt=ob.recovery_attempts,
-            )
-        )
+        self.left.pop(d.obligation.obligation_id, None)
+        self.abandoned_actions.append(PlannedAction.of(d))
 
 
 def abandon_stale(
