@@ -162,9 +162,19 @@ def _fenced_out(ob: _Obligation, state: dict[str, Any], by: Owner) -> bool:
     return (ob.fence > 0 and by != ob.owner) or (fence is not None and int(fence) < ob.fence)
 
 
+class _Malformed(ValueError):
+    """Valid JSON of the wrong shape where an owner must be (a flipped bit inside a value,
+    written after the index caught up): the mapper refuses such an event too."""
+
+
 def _owner(value: Any) -> Owner:
     data = value.get("_data_", value) if isinstance(value, dict) else {}
-    return tuple(data.values())
+    if not isinstance(data, dict) or "_type_" in data:
+        raise _Malformed("owner without its data")
+    owner = tuple(data.values())
+    if any(isinstance(v, dict | list) for v in owner):
+        raise _Malformed("owner with a nested value")
+    return owner
 
 
 class _Send:
@@ -253,10 +263,8 @@ class DuplicateAuditor:
             return
         try:
             self.judge(key, version, kind, state)
-        except (TypeError, KeyError, ValueError, AttributeError) as e:
-            # Valid JSON of the wrong shape (a flipped bit inside a value, written after
-            # the index caught up): the mapper would refuse it too.
-            self.undecodable(key, key, version, f"undecodable: {type(e).__name__}")
+        except _Malformed as e:
+            self.undecodable(key, key, version, f"undecodable: {e}")
 
     def judge(self, key: str, version: int, kind: str, state: dict[str, Any]) -> None:
         """One decoded obligation event, in order: the audit's rules."""

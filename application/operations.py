@@ -134,11 +134,13 @@ def compute_stats(ledger: DeliveryLedger, now: datetime | None = None) -> Ledger
             "WHERE delivered_at IS NOT NULL ORDER BY d"
         )
         durations = [int(r["d"]) / 1e6 for r in c.fetchall()]
-        c.execute(
-            f"SELECT obligation_id FROM {table} WHERE state = '{QUARANTINED}' "
-            f"ORDER BY recorded_at, obligation_id LIMIT {MAX_QUARANTINED_IDS}"
-        )
-        quarantined_ids = tuple(str(r["obligation_id"]) for r in c.fetchall())
+        quarantined_ids: tuple[str, ...] = ()
+        if by_state[QUARANTINED]:  # a scrape of a healthy store reads no ids
+            c.execute(
+                f"SELECT obligation_id FROM {table} WHERE state = '{QUARANTINED}' "
+                f"ORDER BY recorded_at, obligation_id LIMIT {MAX_QUARANTINED_IDS}"
+            )
+            quarantined_ids = tuple(str(r["obligation_id"]) for r in c.fetchall())
     age = None
     if oldest is not None:
         age = round(max(0, to_micros(moment) - int(oldest["recorded_at"])) / 1e6, 3)

@@ -143,13 +143,12 @@ class _AbandonOnlySweep(RecoverySweep):
         decision = super().decide(obligation_id, seen_owner, aggregate_id, loaded)
         if decision is None or decision.abandon_reason or decision.quarantine_reason:
             return decision  # abandons and quarantines send nothing: saved
-        # Claimed in memory only: dropped here, never saved.
+        # Claimed in memory only: dropped here, never saved (nor counted as claimed).
         self.left[decision.obligation.obligation_id] = PlannedAction.of(decision)
         return None
 
     def done(self, d: SweepDecision) -> None:
         super().done(d)
-        self.left.pop(d.obligation.obligation_id, None)
         self.abandoned_actions.append(PlannedAction.of(d))
 
 

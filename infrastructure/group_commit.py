@@ -279,8 +279,7 @@ class GroupCommitWriter:
         """Run a store read (or a sweep) off the event loop, after the write-behind jobs
         submitted so far have landed (so a read sees this process's own writes)."""
         await self.flush()
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._reader, fn, *args)
+        return await self.read(fn, *args)
 
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a store read off the event loop at once, NOT after the write-behind jobs:

@@ -79,19 +79,13 @@ def require_live_keys(cursor: sqlite3.Cursor, used: Mapping[str, str]) -> None:
     a key destroyed before the commit is always seen (ADR 0028)."""
     if not used:
         return
-    subjects = sorted(used)
-    if len(subjects) == 1:
-        rows = cursor.execute(
-            f"SELECT subject_id, key_id FROM {KEYS_TABLE} WHERE subject_id=?", subjects
+    rows = []
+    for chunk in _chunks(sorted(used)):
+        marks = ", ".join("?" * len(chunk))
+        rows += cursor.execute(
+            f"SELECT subject_id, key_id FROM {KEYS_TABLE} WHERE subject_id IN ({marks})",
+            chunk,
         ).fetchall()
-    else:
-        rows = []
-        for chunk in _chunks(subjects):
-            marks = ", ".join("?" * len(chunk))
-            rows += cursor.execute(
-                f"SELECT subject_id, key_id FROM {KEYS_TABLE} WHERE subject_id IN ({marks})",
-                chunk,
-            ).fetchall()
     erased_among(used, rows)
 
 

@@ -24,7 +24,10 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from gateway_ledger.domain.errors import InvalidInput, MasterKeyMissing
-from gateway_ledger.infrastructure.private_files import create_private_file, read_private_file
+from gateway_ledger.infrastructure.private_files import (
+    read_or_create_private_file,
+    read_private_file,
+)
 
 log = logging.getLogger("gateway_ledger.privacy")
 
@@ -99,10 +102,9 @@ def load_master_key(
             f"master key missing: no {path} and no ${MASTER_KEY_ENV}; restore the key "
             "this store was sealed with (a new key could not open its data)"
         )
-    key = base64.b64encode(secrets.token_bytes(KEY_BYTES)) + b"\n"
-    if create_private_file(path, key):
-        log.info("created master key file %s (mode 600)", path)
-    master = read_master_key(location, key_file)
-    if master is None:
-        raise MasterKeyMissing(f"master key missing: {path} vanished as it was created")
-    return master
+
+    def new_key() -> bytes:
+        log.info("creating master key file %s (mode 600)", path)
+        return base64.b64encode(secrets.token_bytes(KEY_BYTES)) + b"\n"
+
+    return _decode(read_or_create_private_file(path, "master key file", new_key), str(path))

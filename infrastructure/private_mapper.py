@@ -308,6 +308,15 @@ _EMPTYABLE = (str, list, tuple, dict)
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
+def _undecodable(stored: StoredEvent, detail: str) -> UndecodableEvent:
+    return UndecodableEvent(
+        str(stored.originator_id),
+        stored.originator_version,
+        QuarantineReason.UNDECODABLE.value,
+        detail,
+    )
+
+
 def _malformed_value(state: dict[str, Any], type_names: Mapping[str, Any]) -> str | None:
     """The field whose value is one of our typed values that lost its shape (a flipped bit
     in ``"_data_"``, say), or None. The transcoder leaves such a value a plain dict, as it
@@ -405,6 +414,7 @@ class PrivateMapper(Mapper[UUID]):
         self._random = shared_pool
         self._classes: dict[type, _EventClass] = {}
         self._tagged_with = getattr(transcoder, "tagged_with", None)
+        self._type_names: Mapping[str, Any] = getattr(transcoder, "names", {})
 
     def _event_class(self, cls: type) -> _EventClass:
         facts = self._classes.get(cls)
@@ -642,20 +652,10 @@ class PrivateMapper(Mapper[UUID]):
             raise MapperDeserialisationError(msg) from e
         envelope = event_state.pop(SEALED, None)
         if envelope is not None and not _well_formed(envelope):
-            raise UndecodableEvent(
-                str(stored_event.originator_id),
-                stored_event.originator_version,
-                QuarantineReason.UNDECODABLE.value,
-                "malformed sealed envelope",
-            )
-        malformed = _malformed_value(event_state, getattr(self.transcoder, "names", {}))
+            raise _undecodable(stored_event, "malformed sealed envelope")
+        malformed = _malformed_value(event_state, self._type_names)
         if malformed is not None:
-            raise UndecodableEvent(
-                str(stored_event.originator_id),
-                stored_event.originator_version,
-                QuarantineReason.UNDECODABLE.value,
-                f"malformed typed value in {malformed!r}",
-            )
+            raise _undecodable(stored_event, f"malformed typed value in {malformed!r}")
         if envelope is not None and (_STATE_ONLY.get() or _KEEP_SEALED.get()):
             spec = self.policy.by_topic.get(stored_event.topic)
             if _KEEP_SEALED.get() or (spec is not None and spec.state_free):
@@ -683,12 +683,8 @@ class PrivateMapper(Mapper[UUID]):
             from_version += 1
         allowed = _fields_of(cls)
         if allowed and not event_state.keys() <= allowed:
-            raise UndecodableEvent(
-                str(stored_event.originator_id),
-                stored_event.originator_version,
-                QuarantineReason.UNDECODABLE.value,
-                f"{cls.__name__} with unknown fields {sorted(event_state.keys() - allowed)}",
-            )
+            unknown = sorted(event_state.keys() - allowed)
+            raise _undecodable(stored_event, f"{cls.__name__} with unknown fields {unknown}")
         domain_event: Any = object.__new__(cls)
         object.__setattr__(domain_event, "__dict__", event_state)
         return domain_event

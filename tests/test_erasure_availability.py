@@ -148,23 +148,24 @@ def test_on_postgresql_vacuum_full_is_deferred_while_the_key_table_is_locked(
     seed(pg_url)
     params = parse_postgres_url(pg_url)
     holder = connect(params)
-    holder.autocommit = False
-    # An open transaction that has read the key table holds a lock VACUUM FULL must wait for.
-    holder.execute(
-        psycopg.sql.SQL("SELECT count(*) FROM {}").format(
-            psycopg.sql.Identifier(params["schema"], KEYS_TABLE)
-        )
-    ).fetchone()
+    try:  # a failed assertion must not leave the lock for the schema's teardown to wait on
+        holder.autocommit = False
+        # An open transaction that has read the key table holds a lock VACUUM FULL waits for.
+        holder.execute(
+            psycopg.sql.SQL("SELECT count(*) FROM {}").format(
+                psycopg.sql.Identifier(params["schema"], KEYS_TABLE)
+            )
+        ).fetchone()
 
-    done, took, writer = forget_beside_a_blocker(pg_url, tmp_path, holder.close)
+        done, took, writer = forget_beside_a_blocker(pg_url, tmp_path, holder.close)
 
-    assert done.returncode == 0, done.stderr
-    print(f"forget took {took:.2f} s; the writer's longest wait {writer['max_wait']:.3f} s")
-    assert writer["errors"] == [] and writer["writes"] >= 2
-    assert writer["max_wait"] < MAX_WRITER_WAIT
-    assert "cleanup pending" in done.stdout and "--finish" in done.stdout
-    holder.rollback()
-    holder.close()
+        assert done.returncode == 0, done.stderr
+        print(f"forget took {took:.2f} s; the writer's longest wait {writer['max_wait']:.3f} s")
+        assert writer["errors"] == [] and writer["writes"] >= 2
+        assert writer["max_wait"] < MAX_WRITER_WAIT
+        assert "cleanup pending" in done.stdout and "--finish" in done.stdout
+    finally:
+        holder.close()
     finished = cli("sessions", "forget", "--finish", "--db", pg_url)
     assert finished.returncode == 0, finished.stderr
     assert "finished" in finished.stdout

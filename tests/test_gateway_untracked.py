@@ -137,14 +137,14 @@ def owned_store(location: str) -> Iterator[tuple[str, Callable[[], None]]]:
     role = f"h14_ro_{uuid.uuid4().hex[:8]}"
     with connect(params) as admin:
         admin.execute(f"CREATE ROLE {role} LOGIN")
-        admin.execute(f'GRANT CREATE ON DATABASE "{params["dbname"]}" TO {role}')
 
         def revoke() -> None:
             admin.execute(
                 f'REVOKE INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA "{schema}" FROM {role}'
             )
 
-        try:
+        try:  # from here on the cluster-wide role is always dropped
+            admin.execute(f'GRANT CREATE ON DATABASE "{params["dbname"]}" TO {role}')
             yield location.replace("://postgres@", f"://{role}@", 1), revoke
         finally:
             gc.collect()  # ledgers left in reference cycles close (and release) now

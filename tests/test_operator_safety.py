@@ -394,12 +394,10 @@ def test_every_failure_is_exit_2_and_one_line(tmp_path: Path, case: str) -> None
             shutil.rmtree(Path(location).parent)
 
 
-def test_a_postgres_schema_without_a_store_is_refused_and_not_created() -> None:
+def test_a_postgres_schema_without_a_store_is_refused_and_not_created(pg_url: str) -> None:
     from gateway_ledger.infrastructure.postgres import connect, parse_postgres_url
-    from tests.conftest import new_postgres_url, require_postgres
 
-    require_postgres()
-    url = new_postgres_url()
+    url = pg_url  # a fresh schema name, never created; its teardown drops it if it was
     params = parse_postgres_url(url)
     schema = params["schema"]
     for command in (["status"], ["list"], ["sessions", "list"], ["sessions", "forget", "k"]):

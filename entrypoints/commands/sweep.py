@@ -25,12 +25,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "gateways, which can send what they claim. --abandon-stale appends the abandons "
         "(reason stale or max_attempts, by this process) and still claims nothing.",
     )
-    parser.add_argument(
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
         "--dry-run",
         action="store_true",
         help="the default; kept so existing scripts run unchanged",
     )
-    parser.add_argument(
+    mode.add_argument(
         "--abandon-stale",
         action="store_true",
         help="abandon, on the record, the orphans that are stale or over max_attempts",
@@ -45,11 +46,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(handler=run)
 
 
-def _counts(result: Any, *, preview: bool) -> list[list[Any]]:
+def _counts(result: Any, *, preview: bool, left: int | None = None) -> list[list[Any]]:
+    """``left``: what an abandon-only run left for a gateway to claim (it claims none)."""
     would = "would " if preview else ""
     return [
         ["candidates", result.candidates],
-        [f"{would}claim (left for a gateway)", result.claimed],
+        [f"{would}claim (left for a gateway)", result.claimed if left is None else left],
         [f"{would}abandon" if preview else "abandoned", result.abandoned_total],
         ["skipped: owner alive", result.skipped_alive],
         ["skipped: platform offline", result.skipped_offline],
@@ -59,10 +61,6 @@ def _counts(result: Any, *, preview: bool) -> list[list[Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.abandon_stale and args.dry_run:
-        from gateway_ledger.entrypoints.console import usage_error
-
-        raise usage_error("--abandon-stale appends; --dry-run appends nothing: choose one")
     ledger = open_ledger(args.db, writing=args.abandon_stale)
     if args.abandon_stale:
         return _abandon(args, ledger)
@@ -92,7 +90,6 @@ def _abandon(args: argparse.Namespace, ledger: Any) -> int:
     left = [[a.obligation_id, a.platform, a.needs_marker] for a in report.left_for_gateways]
     print(table(["left for a gateway", "platform", "marker"], left))
     print()
-    counts = _counts(report.result, preview=False)
-    counts[1][1] = len(report.left_for_gateways)
-    print(table(["", "count"], counts))
+    left_count = len(report.left_for_gateways)
+    print(table(["", "count"], _counts(report.result, preview=False, left=left_count)))
     return 0
