@@ -22,9 +22,9 @@ from typing import Any
 
 from eventsourcing.persistence import StoredEvent
 
-from gateway_ledger.application.audit import PAGE_SIZE, audit_duplicates
-from gateway_ledger.application.ledger import DeliveryLedger
-from gateway_ledger.domain.obligation import DeliveryObligation
+from gateway_ledger.application.delivery.audit import PAGE_SIZE, audit_duplicates
+from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.domain.delivery.obligation import DeliveryObligation
 from gateway_ledger.domain.values import LedgerPolicy, OwnerIdentity
 
 T0 = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)

@@ -32,10 +32,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gateway_ledger.application.gateway import Gateway
-from gateway_ledger.application.ledger import DeliveryLedger
-from gateway_ledger.application.ports import AdapterBase, Reply, ReplyContext, SendResult
-from gateway_ledger.domain.obligation import compute_obligation_id
+from gateway_ledger.application.delivery.gateway import Gateway
+from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.application.delivery.ports import AdapterBase, Reply, ReplyContext, SendResult
+from gateway_ledger.domain.delivery.obligation import compute_obligation_id
 from gateway_ledger.domain.values import DeliveryTarget, MediaItem
 
 CONCURRENCY = 64

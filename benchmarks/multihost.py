@@ -28,11 +28,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from gateway_ledger.application.gateway import Gateway
-from gateway_ledger.application.ledger import DeliveryLedger
-from gateway_ledger.application.ports import AdapterBase, Reply, ReplyContext, SendResult
+from gateway_ledger.application.delivery.gateway import Gateway
+from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.application.delivery.ports import AdapterBase, Reply, ReplyContext, SendResult
 from gateway_ledger.domain.values import OwnerIdentity
-from gateway_ledger.infrastructure.process_identity import boot_id
+from gateway_ledger.infrastructure.ownership.process_identity import boot_id
 
 PG_BASE_URL = "postgresql://postgres@127.0.0.1:5432/test"
 SPAWN = multiprocessing.get_context("spawn")
@@ -145,7 +145,7 @@ def drop(url: str | None) -> None:
         return
     from psycopg import sql
 
-    from gateway_ledger.infrastructure.postgres import connect, parse_postgres_url
+    from gateway_ledger.infrastructure.eventstore.postgres import connect, parse_postgres_url
 
     params = parse_postgres_url(url)
     with connect(params) as conn:

@@ -27,9 +27,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from gateway_ledger.application.ledger import DeliveryLedger
-from gateway_ledger.application.sessions import SessionStore
-from gateway_ledger.domain.session_source import SessionSource
+from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.application.sessions.store import SessionStore
+from gateway_ledger.domain.sessions.source import SessionSource
 
 T0 = datetime(2026, 7, 20, tzinfo=UTC)
 
@@ -122,7 +122,7 @@ def drop(location: str) -> None:
     if location.startswith("postgresql://"):
         from psycopg import sql
 
-        from gateway_ledger.infrastructure.postgres import connect, parse_postgres_url
+        from gateway_ledger.infrastructure.eventstore.postgres import connect, parse_postgres_url
 
         params = parse_postgres_url(location)
         with connect(params) as conn:

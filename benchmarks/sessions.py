@@ -17,10 +17,10 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from gateway_ledger.application.sessions import SessionStore
-from gateway_ledger.domain.session import Session, format_session_id
-from gateway_ledger.domain.session_route import SessionRoute
-from gateway_ledger.domain.session_source import SessionSource
+from gateway_ledger.application.sessions.store import SessionStore
+from gateway_ledger.domain.sessions.route import SessionRoute
+from gateway_ledger.domain.sessions.session import Session, format_session_id
+from gateway_ledger.domain.sessions.source import SessionSource
 
 T0 = datetime(2026, 7, 20, tzinfo=UTC)
 

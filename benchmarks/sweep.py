@@ -25,9 +25,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gateway_ledger.application.ledger import DeliveryLedger
+from gateway_ledger.application.delivery.ledger import DeliveryLedger
 from gateway_ledger.domain.values import OwnerIdentity
-from gateway_ledger.infrastructure.process_identity import boot_id
+from gateway_ledger.infrastructure.ownership.process_identity import boot_id
 
 PG_BASE_URL = "postgresql://postgres@127.0.0.1:5432/test"
 CONVERSATIONS = 1000  # session keys the history cycles through
@@ -126,7 +126,7 @@ def locations(backend: str, tmp: Path) -> tuple[str, str, Callable[[], None]]:
     def drop() -> None:
         from psycopg import sql
 
-        from gateway_ledger.infrastructure.postgres import connect, parse_postgres_url
+        from gateway_ledger.infrastructure.eventstore.postgres import connect, parse_postgres_url
 
         for url in (small, large):
             params = parse_postgres_url(url)

@@ -18,10 +18,10 @@ from typing import Any
 
 from eventsourcing.persistence import JSONTranscoder, Mapper, Transcoder
 
-from gateway_ledger.application.ledger import VALUE_OBJECTS, build_transcoder
-from gateway_ledger.domain.obligation import DeliveryObligation, compute_obligation_id
+from gateway_ledger.application.delivery.ledger import VALUE_OBJECTS, build_transcoder
+from gateway_ledger.domain.delivery.obligation import DeliveryObligation, compute_obligation_id
 from gateway_ledger.domain.values import DeliveryTarget, MediaItem, OwnerIdentity
-from gateway_ledger.infrastructure.transcoder import AttrsTranscoding, DatetimeAsISO
+from gateway_ledger.infrastructure.eventstore.transcoder import AttrsTranscoding, DatetimeAsISO
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 OWNER = OwnerIdentity(

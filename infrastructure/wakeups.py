@@ -59,7 +59,7 @@ class PostgresNotifications:
     """A safety net only: NOTIFY is the mechanism."""
 
     def __init__(self, env: Mapping[str, str], channel: str) -> None:
-        from gateway_ledger.infrastructure.postgres import environment_params
+        from gateway_ledger.infrastructure.eventstore.postgres import environment_params
 
         self.params = environment_params(env)
         self.channel = channel
@@ -103,7 +103,7 @@ class PostgresNotifications:
     def _listen(self) -> None:
         from psycopg import sql
 
-        from gateway_ledger.infrastructure.postgres import connect
+        from gateway_ledger.infrastructure.eventstore.postgres import connect
 
         conn = connect(self.params)
         try:

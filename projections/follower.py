@@ -27,7 +27,7 @@ from eventsourcing.application import Application
 
 from gateway_ledger.domain.errors import InvalidInput
 from gateway_ledger.infrastructure.wakeups import Wakeups, wakeups_for
-from gateway_ledger.projections.catalog import PROJECTION_NAMES, projection
+from gateway_ledger.projections.delivery.catalog import PROJECTION_NAMES, projection
 from gateway_ledger.projections.runner import DEFAULT_BATCH_SIZE
 
 log = logging.getLogger("gateway_ledger.projections")

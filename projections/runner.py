@@ -31,10 +31,10 @@ from eventsourcing.application import Application
 from eventsourcing.persistence import IntegrityError, Notification
 
 from gateway_ledger.domain.errors import LedgerError
-from gateway_ledger.infrastructure.bulk_events import decode_each
-from gateway_ledger.infrastructure.private_mapper import DECODING_ERRORS, Undecodable
-from gateway_ledger.infrastructure.sql_dialect import Cursor, SqlDialect, dialect_for
-from gateway_ledger.infrastructure.store import is_read_only
+from gateway_ledger.infrastructure.eventstore.bulk_events import decode_each
+from gateway_ledger.infrastructure.eventstore.sql_dialect import Cursor, SqlDialect, dialect_for
+from gateway_ledger.infrastructure.eventstore.store import is_read_only
+from gateway_ledger.infrastructure.privacy.private_mapper import DECODING_ERRORS, Undecodable
 
 log = logging.getLogger("gateway_ledger.projections")
 

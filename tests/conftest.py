@@ -29,7 +29,10 @@ def postgres_available() -> tuple[bool, str]:
         try:
             import psycopg
 
-            from gateway_ledger.infrastructure.postgres import connect, parse_postgres_url
+            from gateway_ledger.infrastructure.eventstore.postgres import (
+                connect,
+                parse_postgres_url,
+            )
 
             with connect(parse_postgres_url(PG_BASE_URL)) as conn:
                 conn.execute("SELECT 1")
@@ -55,7 +58,7 @@ def new_postgres_url() -> str:
 def drop_postgres_schema(url: str) -> None:
     from psycopg import sql
 
-    from gateway_ledger.infrastructure.postgres import connect, parse_postgres_url
+    from gateway_ledger.infrastructure.eventstore.postgres import connect, parse_postgres_url
 
     params = parse_postgres_url(url)
     with connect(params) as conn:

@@ -10,9 +10,9 @@ from typing import Any
 
 import attrs
 
-from gateway_ledger.application.ports import AdapterBase, SendResult
+from gateway_ledger.application.delivery.ports import AdapterBase, SendResult
 from gateway_ledger.domain.values import DeliveryTarget, MediaItem, OwnerIdentity
-from gateway_ledger.infrastructure.process_identity import boot_id, current_owner
+from gateway_ledger.infrastructure.ownership.process_identity import boot_id, current_owner
 
 
 @attrs.define

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from gateway_ledger.application.ledger import DeliveryLedger
+from gateway_ledger.application.delivery.ledger import DeliveryLedger
 from gateway_ledger.domain.values import LedgerPolicy, OwnerIdentity
-from gateway_ledger.infrastructure.process_identity import current_owner
+from gateway_ledger.infrastructure.ownership.process_identity import current_owner
 
 T0 = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
 

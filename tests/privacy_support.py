@@ -18,7 +18,7 @@ def store_bytes(location: str, *apps: Any) -> bytes:
         )
     from psycopg import sql
 
-    from gateway_ledger.infrastructure.postgres import connect, parse_postgres_url
+    from gateway_ledger.infrastructure.eventstore.postgres import connect, parse_postgres_url
 
     params = parse_postgres_url(location)
     chunks: list[bytes] = []

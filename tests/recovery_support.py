@@ -9,9 +9,9 @@ import sys
 import textwrap
 from typing import Any
 
-from gateway_ledger.application.ledger import DeliveryLedger
+from gateway_ledger.application.delivery.ledger import DeliveryLedger
 from gateway_ledger.domain.values import OwnerIdentity
-from gateway_ledger.infrastructure.process_identity import boot_id
+from gateway_ledger.infrastructure.ownership.process_identity import boot_id
 
 _dead_pids = itertools.count(900_000_000)
 

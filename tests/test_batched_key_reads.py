@@ -5,8 +5,11 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
-from gateway_ledger.application.ledger import DeliveryLedger
-from gateway_ledger.infrastructure.bulk_events import load_aggregates, select_stored_events
+from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.infrastructure.eventstore.bulk_events import (
+    load_aggregates,
+    select_stored_events,
+)
 
 
 def record(ledger: DeliveryLedger, sessions: int) -> list[UUID]:

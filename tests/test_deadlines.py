@@ -1,4 +1,4 @@
-"""One timer for every ledger wait (application/deadlines.py)."""
+"""One timer for every ledger wait (application/delivery/deadlines.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from gateway_ledger.application.deadlines import Deadlines
+from gateway_ledger.application.delivery.deadlines import Deadlines
 
 
 def test_a_wait_past_its_deadline_ends_in_timeout_after_many_that_settled_in_time() -> None:

@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta, tzinfo
 import pytest
 
 from gateway_ledger.domain.errors import InvalidInput
-from gateway_ledger.domain.hashing import (
+from gateway_ledger.domain.privacy.hashing import (
     KeyedHasher,
     hash_chat_id,
     hash_id,
@@ -24,7 +24,7 @@ from gateway_ledger.domain.hashing import (
     keyed_hash_id,
     keyed_hash_sender_id,
 )
-from gateway_ledger.domain.session_policy import ResetReason
+from gateway_ledger.domain.sessions.policy import ResetReason
 from gateway_ledger.domain.values import (
     MAX_METADATA_BYTES,
     MAX_NAME_CHARS,

@@ -17,15 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from gateway_ledger.application.gateway import Gateway
-from gateway_ledger.application.ledger import DeliveryLedger
-from gateway_ledger.application.ports import Reply, ReplyContext
-from gateway_ledger.application.sessions import SessionStore
+from gateway_ledger.application.delivery.gateway import Gateway
+from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.application.delivery.ports import Reply, ReplyContext
+from gateway_ledger.application.sessions.store import SessionStore
 from gateway_ledger.domain.errors import LedgerError, SessionErased
-from gateway_ledger.domain.session_source import SessionSource
-from gateway_ledger.infrastructure.group_commit import GroupCommitWriter
-from gateway_ledger.infrastructure.master_key import MASTER_KEY_ENV
-from gateway_ledger.infrastructure.private_mapper import ERASED
+from gateway_ledger.domain.sessions.source import SessionSource
+from gateway_ledger.infrastructure.eventstore.group_commit import GroupCommitWriter
+from gateway_ledger.infrastructure.privacy.master_key import MASTER_KEY_ENV
+from gateway_ledger.infrastructure.privacy.private_mapper import ERASED
 from tests.gateway_fakes import ScriptedAdapter
 
 KEY = "agent:main:telegram:dm:70707"

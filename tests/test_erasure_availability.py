@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 from privacy_support import store_bytes
 
-from gateway_ledger.application.ledger import DeliveryLedger
-from gateway_ledger.infrastructure.key_table import KEYS_TABLE
-from gateway_ledger.infrastructure.master_key import MASTER_KEY_ENV
+from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.infrastructure.privacy.key_table import KEYS_TABLE
+from gateway_ledger.infrastructure.privacy.master_key import MASTER_KEY_ENV
 
 KEY = "agent:main:telegram:dm:5150"
 CLI = str(Path(sys.executable).parent / "gateway-ledger")
@@ -143,7 +143,7 @@ def test_on_postgresql_vacuum_full_is_deferred_while_the_key_table_is_locked(
 ) -> None:
     import psycopg
 
-    from gateway_ledger.infrastructure.postgres import connect, parse_postgres_url
+    from gateway_ledger.infrastructure.eventstore.postgres import connect, parse_postgres_url
 
     seed(pg_url)
     params = parse_postgres_url(pg_url)

@@ -8,10 +8,15 @@ from typing import Any
 
 import pytest
 
-from gateway_ledger.application.gateway import Gateway
-from gateway_ledger.application.ports import DUPLICATE_NOTICE, Reply, ReplyContext, SendResult
-from gateway_ledger.application.scheduling import ManualScheduler
-from gateway_ledger.domain.obligation import compute_obligation_id
+from gateway_ledger.application.delivery.gateway import Gateway
+from gateway_ledger.application.delivery.ports import (
+    DUPLICATE_NOTICE,
+    Reply,
+    ReplyContext,
+    SendResult,
+)
+from gateway_ledger.application.delivery.scheduling import ManualScheduler
+from gateway_ledger.domain.delivery.obligation import compute_obligation_id
 from gateway_ledger.domain.values import ErrorClass, MediaItem
 from tests.gateway_fakes import MemorySessions, ScriptedAdapter, dead_owner
 
@@ -302,9 +307,9 @@ def test_recovered_reply_clears_the_real_session_resume_flag(
     store_location: str, tmp_path: Any
 ) -> None:
     """With issue 4's SessionStore: the redelivered turn is not re-run after the restart."""
-    from gateway_ledger.application.recovery_port import SessionStoreResume
-    from gateway_ledger.application.sessions import SessionStore
-    from gateway_ledger.domain.session_source import SessionSource
+    from gateway_ledger.application.delivery.recovery_port import SessionStoreResume
+    from gateway_ledger.application.sessions.store import SessionStore
+    from gateway_ledger.domain.sessions.source import SessionSource
 
     async def main() -> None:
         store = SessionStore.open(tmp_path / "sessions.db")  # its own store, as deployed

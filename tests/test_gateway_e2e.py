@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from gateway_ledger.application.ledger import DeliveryLedger
-from gateway_ledger.application.ports import DUPLICATE_NOTICE
-from gateway_ledger.domain.obligation import compute_obligation_id
+from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.application.delivery.ports import DUPLICATE_NOTICE
+from gateway_ledger.domain.delivery.obligation import compute_obligation_id
 from gateway_ledger.infrastructure.simulation.platform import PlatformBehaviour, read_journal
 from gateway_ledger.infrastructure.simulation.workload import Turn
 

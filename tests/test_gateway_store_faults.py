@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from gateway_ledger.application.gateway import Gateway
-from gateway_ledger.application.ledger import DeliveryLedger
-from gateway_ledger.application.ports import DUPLICATE_NOTICE, Reply, ReplyContext
+from gateway_ledger.application.delivery.gateway import Gateway
+from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.application.delivery.ports import DUPLICATE_NOTICE, Reply, ReplyContext
+from gateway_ledger.domain.delivery.obligation import compute_obligation_id
 from gateway_ledger.domain.errors import ConcurrentUpdate
-from gateway_ledger.domain.obligation import compute_obligation_id
-from gateway_ledger.infrastructure.event_append import appender_for
-from gateway_ledger.infrastructure.group_commit import GroupCommitWriter
-from gateway_ledger.infrastructure.postgres import connect, parse_postgres_url
+from gateway_ledger.infrastructure.eventstore.event_append import appender_for
+from gateway_ledger.infrastructure.eventstore.group_commit import GroupCommitWriter
+from gateway_ledger.infrastructure.eventstore.postgres import connect, parse_postgres_url
 from tests.gateway_fakes import ScriptedAdapter
 
 KEY = "agent:main:telegram:dm:"

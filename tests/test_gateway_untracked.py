@@ -25,15 +25,15 @@ from typing import Any
 
 import pytest
 
-from gateway_ledger.application.gateway import Gateway
-from gateway_ledger.application.ledger import DeliveryLedger
-from gateway_ledger.application.ports import Reply, ReplyContext
-from gateway_ledger.domain.obligation import compute_obligation_id
+from gateway_ledger.application.delivery.gateway import Gateway
+from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.application.delivery.ports import Reply, ReplyContext
+from gateway_ledger.domain.delivery.obligation import compute_obligation_id
 from gateway_ledger.domain.values import MediaItem
-from gateway_ledger.infrastructure.leases import LEASES_ENV
-from gateway_ledger.infrastructure.master_key import KEY_FILE_ENV, MASTER_KEY_ENV
-from gateway_ledger.infrastructure.postgres import connect, parse_postgres_url
-from gateway_ledger.infrastructure.store import store_environment
+from gateway_ledger.infrastructure.eventstore.postgres import connect, parse_postgres_url
+from gateway_ledger.infrastructure.eventstore.store import store_environment
+from gateway_ledger.infrastructure.ownership.leases import LEASES_ENV
+from gateway_ledger.infrastructure.privacy.master_key import KEY_FILE_ENV, MASTER_KEY_ENV
 from tests.gateway_fakes import ScriptedAdapter
 
 KEY = "agent:main:telegram:dm:7"

@@ -19,17 +19,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway_ledger.application.ledger import DeliveryLedger
-from gateway_ledger.application.sessions import SessionStore
+from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.application.sessions.store import SessionStore
 from gateway_ledger.domain.errors import ConflictingRecord, InvalidInput
-from gateway_ledger.domain.session_source import SessionSource
+from gateway_ledger.domain.sessions.source import SessionSource
 from gateway_ledger.domain.values import (
     MAX_METADATA_BYTES,
     MAX_NAME_CHARS,
     MAX_REASON_CHARS,
     OwnerIdentity,
 )
-from gateway_ledger.infrastructure.postgres import parse_postgres_url
+from gateway_ledger.infrastructure.eventstore.postgres import parse_postgres_url
 from tests.conftest import PG_BASE_URL
 
 KEY = "agent:main:telegram:dm:99"

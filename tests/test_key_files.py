@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from gateway_ledger.application.ledger import DeliveryLedger
-from gateway_ledger.application.sessions import SessionStore
+from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.application.sessions.store import SessionStore
 from gateway_ledger.domain.errors import InvalidInput, LedgerError
-from gateway_ledger.domain.session_key import SessionSource
-from gateway_ledger.infrastructure.master_key import MASTER_KEY_ENV
-from gateway_ledger.infrastructure.secrets import load_or_create_secret
+from gateway_ledger.domain.sessions.key import SessionSource
+from gateway_ledger.infrastructure.privacy.master_key import MASTER_KEY_ENV
+from gateway_ledger.infrastructure.privacy.secrets import load_or_create_secret
 
 EXE = str(Path(sys.executable).parent / "gateway-ledger")
 OTHER_UID = 65534

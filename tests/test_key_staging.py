@@ -14,11 +14,11 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway_ledger.application.ledger import DeliveryLedger
+from gateway_ledger.application.delivery.ledger import DeliveryLedger
 from gateway_ledger.domain.errors import ConcurrentUpdate
-from gateway_ledger.infrastructure.event_append import SQLiteAppender
-from gateway_ledger.infrastructure.group_commit import GroupCommitWriter
-from gateway_ledger.infrastructure.key_table import KEYS_TABLE
+from gateway_ledger.infrastructure.eventstore.event_append import SQLiteAppender
+from gateway_ledger.infrastructure.eventstore.group_commit import GroupCommitWriter
+from gateway_ledger.infrastructure.privacy.key_table import KEYS_TABLE
 
 KEY = "agent:main:telegram:dm:4242"
 

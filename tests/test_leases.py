@@ -11,19 +11,19 @@ from pathlib import Path
 import pytest
 from recovery_support import python_child
 
-from gateway_ledger.application.ledger import DeliveryLedger
-from gateway_ledger.application.liveness import LeaseLiveness
-from gateway_ledger.application.recovery import LocalLiveness
+from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.application.delivery.liveness import LeaseLiveness
+from gateway_ledger.application.delivery.recovery import LocalLiveness
 from gateway_ledger.domain.errors import InvalidInput
 from gateway_ledger.domain.values import OwnerIdentity
-from gateway_ledger.infrastructure.installation import resolve_installation_id
-from gateway_ledger.infrastructure.leases import (
+from gateway_ledger.infrastructure.ownership.installation import resolve_installation_id
+from gateway_ledger.infrastructure.ownership.leases import (
     Heartbeat,
     LeaseSettings,
     LeaseTable,
     owner_key,
 )
-from gateway_ledger.infrastructure.process_identity import current_owner
+from gateway_ledger.infrastructure.ownership.process_identity import current_owner
 
 FOREIGN = OwnerIdentity(
     host="gw-far-away", boot_id="b-far", pid=4242, start_time=7, installation_id="inst-far"
@@ -124,8 +124,8 @@ def test_a_local_owner_whose_process_died_is_dead_before_its_lease_expires(
     child = python_child(
         f"""
         import time
-        from gateway_ledger.application.ledger import DeliveryLedger
-        from gateway_ledger.infrastructure.leases import LeaseSettings
+        from gateway_ledger.application.delivery.ledger import DeliveryLedger
+        from gateway_ledger.infrastructure.ownership.leases import LeaseSettings
         ledger = DeliveryLedger.open({store_location!r},
                                      lease=LeaseSettings(ttl=600, renew_every=60, enabled=True))
         ledger.record_obligation(obligation_id="mine", session_key="agent:main:x:dm:1",

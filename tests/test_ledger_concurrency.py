@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from gateway_ledger.application.ledger import DeliveryLedger
+from gateway_ledger.application.delivery.ledger import DeliveryLedger
 from gateway_ledger.domain.errors import ConcurrentUpdate, IllegalTransition
 from gateway_ledger.infrastructure.clock import system_clock
 

@@ -39,13 +39,13 @@ def mutants_of(file: str) -> tuple[object, ...]:
 
 
 def test_event_bodies_and_decorated_methods_are_mutated() -> None:
-    idents = {m.ident for m in mutants_of("domain/obligation.py")}
-    late = "domain/obligation.py::DeliveryObligation._late_result: "
+    idents = {m.ident for m in mutants_of("domain/delivery/obligation.py")}
+    late = "domain/delivery/obligation.py::DeliveryObligation._late_result: "
     assert late + "delete 'self.arrived_before_this_send = True'" in idents
     assert late + "== -> != in 'outcome == 'delivered''" in idents
-    retry = "domain/obligation.py::DeliveryObligation._retry_requested: "
+    retry = "domain/delivery/obligation.py::DeliveryObligation._retry_requested: "
     assert retry + "delete 'self.recovery_attempts = 0'" in idents
-    record = "domain/obligation.py::DeliveryObligation.record: "
+    record = "domain/delivery/obligation.py::DeliveryObligation.record: "
     assert any(i.startswith(record + "and -> or in 'len(content) * 4") for i in idents)
 
 
@@ -58,17 +58,17 @@ def test_every_mutant_is_valid_python_that_changes_the_program() -> None:
         mutated = {m.apply(source) for m in mutants}
         assert len(mutated) == len(mutants) and source not in mutated
         assert len({m.ident for m in mutants}) == len(mutants), file  # ids are unique
-    sample = mutants_of("domain/session_route.py")[0]
+    sample = mutants_of("domain/sessions/route.py")[0]
     assert isinstance(ast.parse(sample.apply((ROOT / sample.file).read_bytes())), ast.Module)
 
 
 def test_error_message_text_is_told_apart_from_behaviour() -> None:
-    by_id = {m.ident: m for m in mutants_of("domain/obligation.py")}
+    by_id = {m.ident: m for m in mutants_of("domain/delivery/obligation.py")}
     message = [m for m in by_id.values() if m.error_text]
-    assert message and all(m.file == "domain/obligation.py" for m in message)
+    assert message and all(m.file == "domain/delivery/obligation.py" for m in message)
     # Pinned in record and in the late-result event body: both are the core of the aggregate
     # (the ask to deliver a reply; the marker rule), not helpers that edits move around.
-    obligation = "domain/obligation.py::DeliveryObligation."
+    obligation = "domain/delivery/obligation.py::DeliveryObligation."
     name_arg = obligation + "record: 'session_key' -> 'XXsession_keyXX'"
     assert by_id[name_arg].error_text is True
     outcome = obligation + "_late_result: 'delivered' -> 'XXdeliveredXX'"
@@ -157,21 +157,21 @@ def test_every_allow_list_entry_names_an_existing_mutant_with_a_reason() -> None
 
 
 def test_listing_runs_nothing_and_leaves_the_tree_alone() -> None:
-    before = {p: p.read_bytes() for p in (ROOT / "domain").glob("*.py")}
+    before = {p: p.read_bytes() for p in (ROOT / "domain").rglob("*.py")}
     out = subprocess.run(
-        [sys.executable, str(TOOL), "--list", "domain/session_route.py"],
+        [sys.executable, str(TOOL), "--list", "domain/sessions/route.py"],
         capture_output=True,
         text=True,
         check=True,
     ).stdout
-    assert "domain/session_route.py::SessionRoute._rotated: delete 'self.rotations += 1'" in out
+    assert "domain/sessions/route.py::SessionRoute._rotated: delete 'self.rotations += 1'" in out
     assert out.rstrip().splitlines()[-1].endswith("message-text left out")
-    assert {p: p.read_bytes() for p in (ROOT / "domain").glob("*.py")} == before
+    assert {p: p.read_bytes() for p in (ROOT / "domain").rglob("*.py")} == before
 
 
 def test_a_file_outside_domain_is_refused() -> None:
     done = subprocess.run(
-        [sys.executable, str(TOOL), "--list", "application/ledger.py"],
+        [sys.executable, str(TOOL), "--list", "application/delivery/ledger.py"],
         capture_output=True,
         text=True,
     )

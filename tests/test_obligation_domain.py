@@ -6,8 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from gateway_ledger.domain.delivery.obligation import DeliveryObligation, compute_obligation_id
 from gateway_ledger.domain.errors import IllegalTransition, InvalidInput
-from gateway_ledger.domain.obligation import DeliveryObligation, compute_obligation_id
 from gateway_ledger.domain.values import (
     AbandonReason,
     DeliveryTarget,

@@ -19,14 +19,14 @@ from uuid import UUID
 
 import pytest
 
-from gateway_ledger.domain.errors import IllegalTransition, InvalidInput
-from gateway_ledger.domain.obligation import (
+from gateway_ledger.domain.delivery.obligation import (
     RECORD_FIELDS,
     DeliveryObligation,
     compute_obligation_id,
     obligation_uuid,
     record_differences,
 )
+from gateway_ledger.domain.errors import IllegalTransition, InvalidInput
 from gateway_ledger.domain.values import (
     AbandonReason,
     DeliveryTarget,

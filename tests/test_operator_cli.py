@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from gateway_ledger.application.ledger import DeliveryLedger
-from gateway_ledger.application.metrics import METRIC_NAMES
-from gateway_ledger.application.sessions import SessionStore
-from gateway_ledger.domain.session_source import SessionSource
+from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.application.delivery.metrics import METRIC_NAMES
+from gateway_ledger.application.sessions.store import SessionStore
+from gateway_ledger.domain.sessions.source import SessionSource
 from tests.operator_support import owner, plant_late_delivery, plant_unmarked_resend, record
 
 SCRIPT = str(Path(sys.executable).parent / "gateway-ledger")

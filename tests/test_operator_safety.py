@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from gateway_ledger.application.ledger import DeliveryLedger
+from gateway_ledger.application.delivery.ledger import DeliveryLedger
 from gateway_ledger.domain.values import LedgerPolicy
 from tests.operator_support import owner, record
 
@@ -395,7 +395,7 @@ def test_every_failure_is_exit_2_and_one_line(tmp_path: Path, case: str) -> None
 
 
 def test_a_postgres_schema_without_a_store_is_refused_and_not_created(pg_url: str) -> None:
-    from gateway_ledger.infrastructure.postgres import connect, parse_postgres_url
+    from gateway_ledger.infrastructure.eventstore.postgres import connect, parse_postgres_url
 
     url = pg_url  # a fresh schema name, never created; its teardown drops it if it was
     params = parse_postgres_url(url)

@@ -16,12 +16,17 @@ from typing import Any
 from gateway_fakes import ScriptedAdapter
 from psycopg import sql
 
-from gateway_ledger.application.gateway import Gateway
-from gateway_ledger.application.ledger import DeliveryLedger
-from gateway_ledger.application.ports import DUPLICATE_NOTICE, Reply, ReplyContext, SendResult
-from gateway_ledger.domain.obligation import compute_obligation_id
+from gateway_ledger.application.delivery.gateway import Gateway
+from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.application.delivery.ports import (
+    DUPLICATE_NOTICE,
+    Reply,
+    ReplyContext,
+    SendResult,
+)
+from gateway_ledger.domain.delivery.obligation import compute_obligation_id
 from gateway_ledger.domain.values import DeliveryTarget, MediaItem, OwnerIdentity
-from gateway_ledger.infrastructure.postgres import connect, parse_postgres_url
+from gateway_ledger.infrastructure.eventstore.postgres import connect, parse_postgres_url
 
 CONTEXT = ReplyContext(session_key="agent:main:telegram:dm:9", platform="telegram", chat_id="9")
 REPLY = Reply("first, second", parts=("first, ", "second"))

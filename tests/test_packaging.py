@@ -45,7 +45,7 @@ def test_install_adds_only_the_gateway_ledger_namespace(installed: Path) -> None
     package = installed / "gateway_ledger"
     for layer in ("domain", "application", "projections", "infrastructure", "entrypoints"):
         assert (package / layer).is_dir() and not (package / layer).is_symlink(), layer
-    assert (package / "domain" / "obligation.py").is_file()
+    assert (package / "domain" / "delivery" / "obligation.py").is_file()
     assert (package / "py.typed").is_file()
     assert not list(package.rglob("test_*.py"))
 

@@ -22,12 +22,12 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from privacy_support import store_bytes
 
-from gateway_ledger.application.ledger import DeliveryLedger
-from gateway_ledger.application.privacy import erasures, forget_session
+from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.application.privacy.erasure import erasures, forget_session
 from gateway_ledger.domain.errors import InvalidInput, LedgerError
-from gateway_ledger.infrastructure.keyring import MasterKeyMismatch
-from gateway_ledger.infrastructure.master_key import MASTER_KEY_ENV, derive, load_master_key
-from gateway_ledger.infrastructure.private_mapper import ERASED
+from gateway_ledger.infrastructure.privacy.keyring import MasterKeyMismatch
+from gateway_ledger.infrastructure.privacy.master_key import MASTER_KEY_ENV, derive, load_master_key
+from gateway_ledger.infrastructure.privacy.private_mapper import ERASED
 
 USER_ID = "u-48151623"
 CHAT_ID = "c-90210777"

@@ -26,22 +26,22 @@ from eventsourcing.utils import get_topic, resolve_topic
 from privacy_support import store_bytes
 
 import gateway_ledger.domain
-from gateway_ledger.application.ledger import DeliveryLedger
-from gateway_ledger.application.privacy import DELIVERY_PRIVACY, SESSION_PRIVACY
-from gateway_ledger.application.sessions import SessionStore
-from gateway_ledger.domain.erasure import Erasure
-from gateway_ledger.domain.obligation import DeliveryObligation
-from gateway_ledger.domain.session import Session
-from gateway_ledger.domain.session_route import (
+from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.application.privacy.erasure import DELIVERY_PRIVACY, SESSION_PRIVACY
+from gateway_ledger.application.sessions.store import SessionStore
+from gateway_ledger.domain.delivery.obligation import DeliveryObligation
+from gateway_ledger.domain.privacy.erasure import Erasure
+from gateway_ledger.domain.sessions.route import (
     InboundMessage,
     SessionKeying,
     SessionRoute,
     route_uuid,
 )
-from gateway_ledger.domain.session_source import SessionSource
+from gateway_ledger.domain.sessions.session import Session
+from gateway_ledger.domain.sessions.source import SessionSource
 from gateway_ledger.domain.values import MediaItem, OwnerIdentity, QuarantineReason
-from gateway_ledger.infrastructure.master_key import MASTER_KEY_ENV
-from gateway_ledger.infrastructure.private_mapper import ERASED, PrivacyPolicy
+from gateway_ledger.infrastructure.privacy.master_key import MASTER_KEY_ENV
+from gateway_ledger.infrastructure.privacy.private_mapper import ERASED, PrivacyPolicy
 
 AGGREGATES: dict[str, tuple[type[Aggregate], ...]] = {
     "ledger": (DeliveryObligation, Erasure),
@@ -270,7 +270,7 @@ class _ClearReceiptsLedger(DeliveryLedger):
 
 
 def test_a_store_with_part_receipts_in_clear_still_reads(store_location: str) -> None:
-    from gateway_ledger.infrastructure.store import opening, store_environment
+    from gateway_ledger.infrastructure.eventstore.store import opening, store_environment
 
     with opening(store_location):
         old = _ClearReceiptsLedger(store_environment(store_location))

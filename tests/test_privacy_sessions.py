@@ -25,14 +25,14 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from privacy_support import store_bytes
 
-from gateway_ledger.application.ledger import DeliveryLedger
-from gateway_ledger.application.privacy import erasures, forget_session
-from gateway_ledger.application.sessions import SessionStore
+from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.application.privacy.erasure import erasures, forget_session
+from gateway_ledger.application.sessions.store import SessionStore
 from gateway_ledger.domain.errors import InvalidInput
-from gateway_ledger.domain.session_route import route_uuid
-from gateway_ledger.domain.session_source import SessionSource
-from gateway_ledger.infrastructure.master_key import MASTER_KEY_ENV, derive, load_master_key
-from gateway_ledger.infrastructure.private_mapper import ERASED
+from gateway_ledger.domain.sessions.route import route_uuid
+from gateway_ledger.domain.sessions.source import SessionSource
+from gateway_ledger.infrastructure.privacy.master_key import MASTER_KEY_ENV, derive, load_master_key
+from gateway_ledger.infrastructure.privacy.private_mapper import ERASED
 from tests.conftest import drop_postgres_schema, new_postgres_url
 
 T0 = datetime(2026, 7, 20, 10, 0, tzinfo=UTC)

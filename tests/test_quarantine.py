@@ -29,10 +29,10 @@ from quarantine_support import (
 )
 from recovery_support import python_child, record_orphans
 
-from gateway_ledger.application.gateway import Gateway
-from gateway_ledger.application.ledger import DeliveryLedger
-from gateway_ledger.application.privacy import forget_session
-from gateway_ledger.infrastructure.private_mapper import UNREADABLE
+from gateway_ledger.application.delivery.gateway import Gateway
+from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.application.privacy.erasure import forget_session
+from gateway_ledger.infrastructure.privacy.private_mapper import UNREADABLE
 
 SCRIPT = str(Path(sys.executable).parent / "gateway-ledger")
 SESSION = "agent:main:telegram:dm:77"
@@ -189,7 +189,7 @@ def test_clean_start_says_recovery_was_complete(store_location: str) -> None:
 
 CHILD = """
     import sys
-    from gateway_ledger.application.ledger import DeliveryLedger
+    from gateway_ledger.application.delivery.ledger import DeliveryLedger
     ledger = DeliveryLedger.open(sys.argv[1])
     key = sys.argv[2]
     ledger.record_obligation(
@@ -357,8 +357,8 @@ def test_any_flipped_bit_never_stops_a_reader_and_rebuild_equals_incremental(
     import shutil
     import sqlite3
 
-    from gateway_ledger.application.audit import audit_duplicates
-    from gateway_ledger.projections.catalog import PROJECTION_NAMES, rebuild_and_verify
+    from gateway_ledger.application.delivery.audit import audit_duplicates
+    from gateway_ledger.projections.delivery.catalog import PROJECTION_NAMES, rebuild_and_verify
 
     folder = tmp_path_factory.mktemp("flipped")
     for name in os.listdir(template_store):

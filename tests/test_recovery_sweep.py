@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from recovery_support import dead_owner
 
-from gateway_ledger.application.ledger import DeliveryLedger
-from gateway_ledger.application.recovery import LocalLiveness
-from gateway_ledger.application.views import ObligationStatus
+from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.application.delivery.recovery import LocalLiveness
+from gateway_ledger.application.delivery.views import ObligationStatus
 from gateway_ledger.domain.values import OwnerIdentity
-from gateway_ledger.infrastructure.bulk_events import load_aggregates
 from gateway_ledger.infrastructure.clock import Clock
-from gateway_ledger.infrastructure.process_identity import (
+from gateway_ledger.infrastructure.eventstore.bulk_events import load_aggregates
+from gateway_ledger.infrastructure.ownership.process_identity import (
     boot_id,
     current_owner,
     process_start_time,

@@ -6,9 +6,9 @@ from datetime import UTC, datetime
 
 import orjson
 
-from gateway_ledger.application.ledger import build_transcoder
+from gateway_ledger.application.delivery.ledger import build_transcoder
 from gateway_ledger.domain.values import DeliveryTarget, OwnerIdentity
-from gateway_ledger.infrastructure.private_mapper import ERASED, _with_placeholders
+from gateway_ledger.infrastructure.privacy.private_mapper import ERASED, _with_placeholders
 
 
 def test_tagged_placeholders_encode_to_the_same_bytes_as_the_copy() -> None:

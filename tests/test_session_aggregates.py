@@ -13,18 +13,10 @@ from uuid import UUID, uuid4
 
 import pytest
 
-from gateway_ledger.domain.erasure import Erasure
 from gateway_ledger.domain.errors import IllegalTransition, InvalidInput
-from gateway_ledger.domain.session import (
-    ROLES,
-    MessageAppended,
-    Session,
-    format_session_id,
-    is_session_id,
-    session_uuid,
-)
-from gateway_ledger.domain.session_policy import ResetReason
-from gateway_ledger.domain.session_route import (
+from gateway_ledger.domain.privacy.erasure import Erasure
+from gateway_ledger.domain.sessions.policy import ResetReason
+from gateway_ledger.domain.sessions.route import (
     KEYING_ID,
     InboundMessage,
     SessionKeying,
@@ -32,7 +24,15 @@ from gateway_ledger.domain.session_route import (
     inbound_uuid,
     route_uuid,
 )
-from gateway_ledger.domain.session_source import SessionSource
+from gateway_ledger.domain.sessions.session import (
+    ROLES,
+    MessageAppended,
+    Session,
+    format_session_id,
+    is_session_id,
+    session_uuid,
+)
+from gateway_ledger.domain.sessions.source import SessionSource
 from gateway_ledger.domain.values import OwnerIdentity
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway_ledger.domain.errors import InvalidInput
-from gateway_ledger.domain.hashing import (
+from gateway_ledger.domain.privacy.hashing import (
     KeyedHasher,
     hash_chat_id,
     hash_id,
@@ -20,13 +20,13 @@ from gateway_ledger.domain.hashing import (
     keyed_hash_id,
     keyed_hash_sender_id,
 )
-from gateway_ledger.domain.session import format_session_id, is_session_id
-from gateway_ledger.domain.session_key import (
+from gateway_ledger.domain.sessions.key import (
     build_session_key,
     is_path_unsafe,
     is_session_key_unsafe,
 )
-from gateway_ledger.domain.session_source import PERSONAL_FIELDS, SessionSource
+from gateway_ledger.domain.sessions.session import format_session_id, is_session_id
+from gateway_ledger.domain.sessions.source import PERSONAL_FIELDS, SessionSource
 
 SECRET = bytes(range(32))
 

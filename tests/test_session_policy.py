@@ -8,7 +8,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from gateway_ledger.domain.errors import InvalidInput
-from gateway_ledger.domain.session_policy import (
+from gateway_ledger.domain.sessions.policy import (
     ResetMode,
     ResetPolicies,
     ResetPolicy,

@@ -13,7 +13,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from gateway_ledger.domain.errors import InvalidInput
-from gateway_ledger.domain.session_policy import (
+from gateway_ledger.domain.sessions.policy import (
     DEFAULT_AUTO_CONTINUE_SECONDS,
     ResetMode,
     ResetPolicies,

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from gateway_ledger.application.sessions import SessionStore
+from gateway_ledger.application.sessions.store import SessionStore
 from gateway_ledger.domain.errors import IllegalTransition, InvalidInput, NotFound
-from gateway_ledger.domain.session_policy import ResetPolicies, ResetPolicy
-from gateway_ledger.domain.session_source import SessionSource
+from gateway_ledger.domain.sessions.policy import ResetPolicies, ResetPolicy
+from gateway_ledger.domain.sessions.source import SessionSource
 
 T0 = datetime(2026, 7, 20, 10, 0, tzinfo=UTC)
 ALICE = SessionSource(platform="telegram", chat_id="99", user_id="4242", user_name="alice")
@@ -256,8 +256,8 @@ CHILD = textwrap.dedent(
     """
     import json, os, sys, time
     from datetime import datetime, UTC
-    from gateway_ledger.application.sessions import SessionStore
-    from gateway_ledger.domain.session_source import SessionSource
+    from gateway_ledger.application.sessions.store import SessionStore
+    from gateway_ledger.domain.sessions.source import SessionSource
 
     location, secret_dir, mode = sys.argv[1], sys.argv[2], sys.argv[3]
     store = SessionStore.open(location, secret_dir=secret_dir)

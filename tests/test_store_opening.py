@@ -7,8 +7,8 @@ import threading
 import time
 from pathlib import Path
 
-from gateway_ledger.application.ledger import DeliveryLedger
-from gateway_ledger.infrastructure.store import ensure_wal
+from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.infrastructure.eventstore.store import ensure_wal
 
 
 def test_wal_switch_waits_for_an_exclusive_holder(tmp_path: Path) -> None:

@@ -19,9 +19,13 @@ from eventsourcing.persistence import JSONTranscoder, Mapper, TranscodingNotRegi
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway_ledger.application.ledger import VALUE_OBJECTS, DeliveryLedger, build_transcoder
+from gateway_ledger.application.delivery.ledger import (
+    VALUE_OBJECTS,
+    DeliveryLedger,
+    build_transcoder,
+)
+from gateway_ledger.domain.delivery.obligation import DeliveryObligation
 from gateway_ledger.domain.errors import InvalidInput
-from gateway_ledger.domain.obligation import DeliveryObligation
 from gateway_ledger.domain.values import (
     AbandonReason,
     DeliveryTarget,
@@ -30,7 +34,7 @@ from gateway_ledger.domain.values import (
     MediaItem,
     OwnerIdentity,
 )
-from gateway_ledger.infrastructure.transcoder import AttrsTranscoding, DatetimeAsISO
+from gateway_ledger.infrastructure.eventstore.transcoder import AttrsTranscoding, DatetimeAsISO
 
 EVENT_TYPES = {
     "Recorded",

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import psycopg
 
-from gateway_ledger.application.ledger import DeliveryLedger
-from gateway_ledger.infrastructure.postgres import connect, parse_postgres_url
+from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.infrastructure.eventstore.postgres import connect, parse_postgres_url
 from gateway_ledger.infrastructure.wakeups import PostgresNotifications
 from gateway_ledger.projections.follower import ViewFollower
 

@@ -200,7 +200,7 @@ def place(source: Path, target: Path) -> None:
 
 def postgres_secret(directory: Path, url: str) -> Path:
     """Where a PostgreSQL session store looks for its secret (named after the schema)."""
-    from gateway_ledger.infrastructure.secrets import secret_path
+    from gateway_ledger.infrastructure.privacy.secrets import secret_path
 
     return secret_path(url, directory)
 
@@ -332,10 +332,10 @@ def release_topics() -> list[str]:
     from eventsourcing.domain import Aggregate, CanMutateAggregate
     from eventsourcing.utils import get_topic
 
-    from gateway_ledger.domain.erasure import Erasure
-    from gateway_ledger.domain.obligation import DeliveryObligation
-    from gateway_ledger.domain.session import Session
-    from gateway_ledger.domain.session_route import InboundMessage, SessionKeying, SessionRoute
+    from gateway_ledger.domain.delivery.obligation import DeliveryObligation
+    from gateway_ledger.domain.privacy.erasure import Erasure
+    from gateway_ledger.domain.sessions.route import InboundMessage, SessionKeying, SessionRoute
+    from gateway_ledger.domain.sessions.session import Session
 
     topics: set[str] = set()
     for aggregate in (
@@ -371,10 +371,10 @@ def create_postgres_tables(url: str) -> None:
     """The schema's tables as this release's own code creates them: the ledger (and its key
     tables, through the check a gateway makes at start) and the session store (without its
     keying record: that row comes from the export like every other)."""
-    from gateway_ledger.application.ledger import DeliveryLedger
-    from gateway_ledger.application.sessions import SessionStore
-    from gateway_ledger.infrastructure.leases import LeaseSettings
-    from gateway_ledger.infrastructure.store import store_environment
+    from gateway_ledger.application.delivery.ledger import DeliveryLedger
+    from gateway_ledger.application.sessions.store import SessionStore
+    from gateway_ledger.infrastructure.eventstore.store import store_environment
+    from gateway_ledger.infrastructure.ownership.leases import LeaseSettings
 
     ledger = DeliveryLedger.open(url, lease=LeaseSettings(enabled=False), check_key=False)
     try:
@@ -390,7 +390,7 @@ def load_into_postgres(rows_path: Path, url: str) -> dict[str, int]:
     at ``url`` (tables made by :func:`create_postgres_tables`); returns rows per table."""
     from psycopg import sql
 
-    from gateway_ledger.infrastructure.postgres import connect, parse_postgres_url
+    from gateway_ledger.infrastructure.eventstore.postgres import connect, parse_postgres_url
 
     create_postgres_tables(url)
     params = parse_postgres_url(url)

@@ -34,17 +34,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import golden_stores as gs
 
-from gateway_ledger.application.ledger import DeliveryLedger
-from gateway_ledger.application.sessions import SessionStore
-from gateway_ledger.domain.obligation import DeliveryObligation, obligation_uuid
-from gateway_ledger.domain.session_policy import ResetPolicies, ResetPolicy
-from gateway_ledger.domain.session_source import SessionSource
+from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.application.sessions.store import SessionStore
+from gateway_ledger.domain.delivery.obligation import DeliveryObligation, obligation_uuid
+from gateway_ledger.domain.sessions.policy import ResetPolicies, ResetPolicy
+from gateway_ledger.domain.sessions.source import SessionSource
 from gateway_ledger.domain.values import (
     LedgerPolicy,
     MediaItem,
     OwnerIdentity,
 )
-from gateway_ledger.infrastructure.leases import LeaseSettings
+from gateway_ledger.infrastructure.ownership.leases import LeaseSettings
 
 T0 = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
 """Long past: every unresolved obligation is stale to any later sweep, so the sweep

@@ -26,7 +26,7 @@ is reported as stale.
 Usage::
 
     .venv/bin/python tools/mutate_domain.py                      # every domain file, fast tests
-    .venv/bin/python tools/mutate_domain.py domain/obligation.py --full
+    .venv/bin/python tools/mutate_domain.py domain/delivery/obligation.py --full
     .venv/bin/python tools/mutate_domain.py --list domain/values.py   # the mutants, not run
     .venv/bin/python tools/mutate_domain.py --only arrived_before --show
     .venv/bin/python tools/mutate_domain.py --allowed --full   # re-judge the allow-list
@@ -64,7 +64,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ALLOW_LIST = ROOT / "tools" / "mutation-equivalent.txt"
 DEFAULT_TARGETS = sorted(
     str(p.relative_to(ROOT))
-    for p in (ROOT / "domain").glob("*.py")
+    for p in sorted((ROOT / "domain").rglob("*.py"))
     if p.name not in ("__init__.py", "errors.py")  # errors.py is message text only
 )
 FAST_TESTS = [
@@ -79,14 +79,14 @@ FAST_TESTS = [
     "tests/test_obligation_stateful.py",
 ]
 RUN_FIRST = {  # the tests most likely to kill a mutant of each file run before the others
-    "domain/session_policy.py": ["tests/test_session_policy_bounds.py"],
-    "domain/session_key.py": ["tests/test_session_keys.py"],
-    "domain/session_source.py": ["tests/test_session_keys.py"],
-    "domain/hashing.py": ["tests/test_domain_values.py", "tests/test_session_keys.py"],
+    "domain/sessions/policy.py": ["tests/test_session_policy_bounds.py"],
+    "domain/sessions/key.py": ["tests/test_session_keys.py"],
+    "domain/sessions/source.py": ["tests/test_session_keys.py"],
+    "domain/privacy/hashing.py": ["tests/test_domain_values.py", "tests/test_session_keys.py"],
     "domain/values.py": ["tests/test_domain_values.py"],
-    "domain/session.py": ["tests/test_session_aggregates.py"],
-    "domain/session_route.py": ["tests/test_session_aggregates.py"],
-    "domain/erasure.py": ["tests/test_session_aggregates.py"],
+    "domain/sessions/session.py": ["tests/test_session_aggregates.py"],
+    "domain/sessions/route.py": ["tests/test_session_aggregates.py"],
+    "domain/privacy/erasure.py": ["tests/test_session_aggregates.py"],
 }
 NOT_POSTGRES = "not postgres"
 NOT_IN_FULL = ["tests/test_mutation_tool.py"]  # it reads domain/ itself: any mutant fails it

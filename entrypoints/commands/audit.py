@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from gateway_ledger.application.audit import audit_duplicates
+from gateway_ledger.application.delivery.audit import audit_duplicates
 from gateway_ledger.entrypoints.console import (
     add_common,
     open_ledger,

@@ -7,8 +7,8 @@ import json
 import tempfile
 from pathlib import Path
 
-from gateway_ledger.application.ledger import DeliveryLedger
-from gateway_ledger.domain.obligation import compute_obligation_id
+from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.domain.delivery.obligation import compute_obligation_id
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -15,13 +15,13 @@ import argparse
 import json
 import os
 
-from gateway_ledger.application.privacy import (
+from gateway_ledger.application.privacy.erasure import (
     CLEANUP_PENDING_NOTE,
     finish_erasure_cleanup,
     forget_session,
 )
 from gateway_ledger.entrypoints.console import usage_error
-from gateway_ledger.infrastructure.store import existing_store_environment
+from gateway_ledger.infrastructure.eventstore.store import existing_store_environment
 
 
 def _sessions_subparsers(

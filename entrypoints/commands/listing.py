@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from gateway_ledger.application.operations import STATES
+from gateway_ledger.application.delivery.operations import STATES
 from gateway_ledger.entrypoints.console import (
     add_common,
     open_ledger,

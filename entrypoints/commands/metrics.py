@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gateway_ledger.application.metrics import prometheus_text
+from gateway_ledger.application.delivery.metrics import prometheus_text
 from gateway_ledger.entrypoints.console import add_common, open_ledger
 
 

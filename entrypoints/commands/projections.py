@@ -17,7 +17,7 @@ from gateway_ledger.entrypoints.console import (
     progress_bar,
     table,
 )
-from gateway_ledger.projections.catalog import (
+from gateway_ledger.projections.delivery.catalog import (
     PROJECTION_NAMES,
     projection_status,
     rebuild_and_verify,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from gateway_ledger.application.session_admin import list_sessions, open_session_store, show_key
+from gateway_ledger.application.sessions.admin import list_sessions, open_session_store, show_key
 from gateway_ledger.entrypoints.console import (
     add_common,
     print_json,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gateway_ledger.application.sweep_preview import abandon_stale, preview_sweep
+from gateway_ledger.application.delivery.sweep_preview import abandon_stale, preview_sweep
 from gateway_ledger.entrypoints.console import add_common, open_ledger, print_json, table
 
 

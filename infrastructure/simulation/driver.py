@@ -21,10 +21,10 @@ from typing import Any
 
 import attrs
 
-from gateway_ledger.application.ledger import DeliveryLedger
-from gateway_ledger.application.ports import DUPLICATE_NOTICE
+from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.application.delivery.ports import DUPLICATE_NOTICE
+from gateway_ledger.domain.delivery.obligation import compute_obligation_id
 from gateway_ledger.domain.errors import NotFound
-from gateway_ledger.domain.obligation import compute_obligation_id
 from gateway_ledger.infrastructure.simulation.faults import (
     LEASE_ENV,
     FaultPlan,

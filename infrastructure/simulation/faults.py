@@ -36,19 +36,19 @@ import attrs
 import orjson
 from eventsourcing.utils import get_topic
 
-from gateway_ledger.application.ports import DUPLICATE_NOTICE
-from gateway_ledger.application.privacy import ERASED, forget_session
-from gateway_ledger.application.views import HistoryEntry, ObligationStatus
+from gateway_ledger.application.delivery.ports import DUPLICATE_NOTICE
+from gateway_ledger.application.delivery.views import HistoryEntry, ObligationStatus
+from gateway_ledger.application.privacy.erasure import ERASED, forget_session
+from gateway_ledger.domain.delivery.obligation import DeliveryObligation, obligation_uuid
 from gateway_ledger.domain.errors import NotFound
-from gateway_ledger.domain.obligation import DeliveryObligation, obligation_uuid
-from gateway_ledger.infrastructure.postgres import connect, parse_postgres_url
+from gateway_ledger.infrastructure.eventstore.postgres import connect, parse_postgres_url
+from gateway_ledger.infrastructure.eventstore.store import is_postgres_url
 from gateway_ledger.infrastructure.simulation.platform import Received
 from gateway_ledger.infrastructure.simulation.worker import forgotten_marker
 from gateway_ledger.infrastructure.simulation.workload import Turn
-from gateway_ledger.infrastructure.store import is_postgres_url
 
 if TYPE_CHECKING:
-    from gateway_ledger.application.ledger import DeliveryLedger
+    from gateway_ledger.application.delivery.ledger import DeliveryLedger
     from gateway_ledger.infrastructure.simulation.driver import Simulation
 
 OBLIGATION_TOPIC = get_topic(DeliveryObligation)
@@ -524,7 +524,7 @@ class FaultPlan:
 
     @property
     def ledger(self) -> DeliveryLedger:
-        from gateway_ledger.application.ledger import DeliveryLedger
+        from gateway_ledger.application.delivery.ledger import DeliveryLedger
 
         if self._ledger is None:
             self._ledger = DeliveryLedger.open(self.sim.db)

@@ -21,7 +21,7 @@ from typing import Any
 
 import attrs
 
-from gateway_ledger.application.ports import AdapterBase, SendResult
+from gateway_ledger.application.delivery.ports import AdapterBase, SendResult
 from gateway_ledger.domain.values import DeliveryTarget, ErrorClass, MediaItem
 
 JOURNAL_SCHEMA = """

@@ -24,9 +24,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from gateway_ledger.application.gateway import Gateway
-from gateway_ledger.application.ports import Reply, ReplyContext
-from gateway_ledger.application.scheduling import AsyncioScheduler
+from gateway_ledger.application.delivery.gateway import Gateway
+from gateway_ledger.application.delivery.ports import Reply, ReplyContext
+from gateway_ledger.application.delivery.scheduling import AsyncioScheduler
 from gateway_ledger.domain.values import LedgerPolicy, MediaItem
 from gateway_ledger.infrastructure.simulation.platform import PlatformBehaviour, SimulatedPlatform
 from gateway_ledger.infrastructure.simulation.workload import Turn

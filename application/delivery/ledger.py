@@ -1,0 +1,523 @@
+"""DeliveryLedger: the use cases of the delivery half, on an event store.
+
+Method names follow the upstream module (record_obligation, mark_attempting, ...) so an
+existing gateway can switch with few edits. Every transition is an event appended at the
+aggregate's next version; a writer that lost the race gets ConcurrentUpdate.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import weakref
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any, overload
+from uuid import UUID
+
+from eventsourcing.application import AggregateNotFoundError, Application
+from eventsourcing.persistence import IntegrityError, PersistenceError, Transcoder
+
+from gateway_ledger.application.delivery.audit import DuplicateAudit, audit_duplicates
+from gateway_ledger.application.delivery.liveness import LeaseLiveness
+from gateway_ledger.application.delivery.operations import (
+    LedgerStats,
+    Timeline,
+    compute_stats,
+    list_obligations,
+    request_retry,
+    timeline,
+)
+from gateway_ledger.application.delivery.recovery import (
+    LivenessPolicy,
+    LocalLiveness,
+    SweepResult,
+    sweep_recoverable,
+)
+from gateway_ledger.application.delivery.views import HistoryEntry, ObligationStatus
+from gateway_ledger.application.privacy.erasure import (
+    DELIVERY_PRIVACY,
+    ErasureReport,
+    forget_in_ledger,
+    is_erased,
+)
+from gateway_ledger.domain.delivery.obligation import (
+    DeliveryObligation,
+    obligation_uuid,
+    record_differences,
+    require_obligation_id,
+)
+from gateway_ledger.domain.errors import (
+    ConcurrentUpdate,
+    ConflictingRecord,
+    InvalidInput,
+    NotFound,
+)
+from gateway_ledger.domain.values import (
+    AbandonReason,
+    DeliveryTarget,
+    ErrorClass,
+    LedgerPolicy,
+    MediaItem,
+    OwnerIdentity,
+    SendGuard,
+)
+from gateway_ledger.infrastructure.clock import Clock, system_clock
+from gateway_ledger.infrastructure.eventstore.store import (
+    is_concurrent_ddl,
+    is_read_only,
+    opening,
+    store_environment,
+    store_path,
+)
+from gateway_ledger.infrastructure.eventstore.transcoder import AttrsTranscoding, OrjsonTranscoder
+from gateway_ledger.infrastructure.ownership.installation import resolve_installation_id
+from gateway_ledger.infrastructure.ownership.leases import (
+    Heartbeat,
+    LeaseSettings,
+    LeaseTable,
+    with_idle_transaction_limit,
+)
+from gateway_ledger.infrastructure.ownership.process_identity import current_owner
+from gateway_ledger.infrastructure.privacy.private_mapper import ENCRYPT_ENV, PrivateEvents
+from gateway_ledger.projections.delivery.obligation_index import IndexEntry, ObligationIndex
+from gateway_ledger.projections.delivery.recoverable import RecoverableObligations
+
+log = logging.getLogger("gateway_ledger.ledger")
+
+LEDGER_APPLICATION_NAME = "gateway_ledger"
+"""Part of the stored identity of every event; never change it on an existing store."""
+
+VALUE_OBJECTS: tuple[type, ...] = (OwnerIdentity, DeliveryTarget, MediaItem)
+
+
+def build_transcoder() -> Transcoder:
+    transcoder = OrjsonTranscoder()
+    for cls in VALUE_OBJECTS:
+        transcoder.register(AttrsTranscoding(cls))
+    return transcoder
+
+
+def _media_item(value: object) -> MediaItem:
+    if isinstance(value, MediaItem):
+        return value
+    if isinstance(value, Mapping):
+        return MediaItem(**value)
+    raise InvalidInput(f"a media item must be a MediaItem or a mapping, not {type(value).__name__}")
+
+
+class DeliveryLedger(PrivateEvents, Application[UUID]):
+    """Every final reply the gateway owes, as an event-sourced DeliveryObligation.
+
+    Personal fields are encrypted at rest by default (ADR 0012); ``encrypt=False`` stores
+    new events in clear (upstream compatibility, benchmarks). Reading always decrypts.
+    """
+
+    name = LEDGER_APPLICATION_NAME
+    privacy_policy = DELIVERY_PRIVACY
+
+    def __init__(
+        self,
+        env: Mapping[str, str] | None = None,
+        *,
+        owner: OwnerIdentity | None = None,
+        policy: LedgerPolicy | None = None,
+        clock: Clock = system_clock,
+        encrypt: bool | None = None,
+        lease: LeaseSettings | None = None,
+        check_key: bool = True,
+    ) -> None:
+        env = dict(env or {})
+        self.check_key_at_open = check_key
+        # Multi-host (ADR 0010): on PostgreSQL every ledger owner holds a lease by default.
+        self.lease_settings = lease or LeaseSettings.from_env()
+        module = env.get("PERSISTENCE_MODULE") or os.environ.get("PERSISTENCE_MODULE")
+        if module == "eventsourcing.postgres":
+            env = with_idle_transaction_limit(env, self.lease_settings)
+        if encrypt is not None:
+            env[ENCRYPT_ENV] = "y" if encrypt else "n"
+        for attempt in range(5):
+            try:
+                super().__init__(env=env)
+                break
+            except PersistenceError as e:  # several hosts creating one schema's tables at once
+                if attempt == 4 or not is_concurrent_ddl(e):
+                    raise
+                time.sleep(0.05 * (attempt + 1))
+        sqlite_path = store_path(self.env)
+        self.read_only = is_read_only(self.env)
+        self.owner = owner or current_owner(
+            resolve_installation_id(sqlite_path, persist=not self.read_only)
+        )
+        self.policy = policy or LedgerPolicy()
+        self.clock = clock
+        self.location = str(sqlite_path or self.env.get("POSTGRES_DBNAME") or "")
+        self.last_sweep: SweepResult | None = None
+        self._recoverable: RecoverableObligations | None = None
+        self._obligation_index: ObligationIndex | None = None
+        self.leases: LeaseTable | None = None
+        self.heartbeat: Heartbeat | None = None
+        is_postgres = self.env.get("PERSISTENCE_MODULE") == "eventsourcing.postgres"
+        wanted = self.lease_settings.wanted(is_postgres) and not self.read_only
+        if wanted and (is_postgres or sqlite_path):
+            self.leases = LeaseTable.of(self)
+            self.heartbeat = Heartbeat(self.leases, self.owner, self.lease_settings).start()
+            weakref.finalize(self, self.heartbeat.signal_stop)  # a ledger never closed
+
+    @classmethod
+    def open(
+        cls,
+        location: str | Path,
+        *,
+        owner: OwnerIdentity | None = None,
+        policy: LedgerPolicy | None = None,
+        clock: Clock = system_clock,
+        encrypt: bool | None = None,
+        lease: LeaseSettings | None = None,
+        existing: bool = False,
+        writing: bool = False,
+        check_key: bool = True,
+    ) -> DeliveryLedger:
+        """Open (creating if needed) the store at a file path or a postgresql:// URL.
+
+        ``existing=True`` (the operators' commands) opens only a gateway-ledger store
+        that is there, read-only if this process cannot write it unless ``writing``.
+        ``check_key=False`` defers the master-key check to the first use of a data key
+        (a gateway checks at ``start()`` and runs untracked, saying so, if it fails).
+        """
+        env = store_environment(location, existing=True, writing=writing) if existing else None
+        with opening(location):
+            return cls(
+                env or store_environment(location),
+                owner=owner,
+                policy=policy,
+                clock=clock,
+                encrypt=encrypt,
+                lease=lease,
+                check_key=check_key,
+            )
+
+    def close(self) -> None:
+        """Release this owner's lease (others may take its work at once), then close."""
+        heartbeat, self.heartbeat = self.heartbeat, None
+        if heartbeat is not None:
+            heartbeat.stop(release=True)
+        super().close()
+
+    def construct_transcoder(self) -> Transcoder:
+        return build_transcoder()
+
+    # -- writes -------------------------------------------------------------------------------
+
+    def record_obligation(
+        self,
+        *,
+        obligation_id: str,
+        session_key: str,
+        platform: str,
+        chat_id: str,
+        thread_id: str | None = None,
+        content: str,
+        reply_to: str | None = None,
+        media: Iterable[MediaItem | Mapping[str, Any]] = (),
+        metadata: Mapping[str, Any] | None = None,
+        parts: Sequence[str] = (),
+    ) -> str:
+        """Record a final reply as owed. Recording an existing id changes nothing."""
+        obligation = self.new_obligation(
+            obligation_id=obligation_id,
+            session_key=session_key,
+            platform=platform,
+            chat_id=chat_id,
+            thread_id=thread_id,
+            content=content,
+            reply_to=reply_to,
+            media=media,
+            metadata=metadata,
+            parts=parts,
+        )
+        try:
+            self.save(obligation)
+        except IntegrityError:
+            # The id exists (recorded earlier, or by a concurrent writer): the same record
+            # again is idempotent, another one under that id is refused.
+            if obligation_uuid(obligation_id) not in self.repository:
+                raise
+            self.check_same_record(obligation)
+            log.debug("obligation %s already recorded; nothing appended", obligation_id)
+            return obligation_id
+        log.debug("obligation %s recorded platform=%s", obligation_id, platform)
+        return obligation_id
+
+    def new_obligation(
+        self,
+        *,
+        obligation_id: str,
+        session_key: str,
+        platform: str,
+        chat_id: str,
+        thread_id: str | None = None,
+        content: str,
+        reply_to: str | None = None,
+        media: Iterable[MediaItem | Mapping[str, Any]] = (),
+        metadata: Mapping[str, Any] | None = None,
+        parts: Sequence[str] = (),
+    ) -> DeliveryObligation:
+        """Build (not save) a Recorded obligation owned by this process; validates all input."""
+        if isinstance(media, str | bytes | Mapping) or not isinstance(media, Iterable):
+            raise InvalidInput(f"media must be a list of media items, not {type(media).__name__}")
+        try:
+            target = DeliveryTarget(
+                platform=platform, chat_id=chat_id, thread_id=thread_id, reply_to=reply_to
+            )
+            items = [_media_item(m) for m in media]
+        except TypeError as e:
+            raise InvalidInput(str(e)) from None
+        return DeliveryObligation.record(
+            obligation_id=obligation_id,
+            session_key=session_key,
+            target=target,
+            content=content,
+            owner=self.owner,
+            now=self.clock(),
+            parts=parts,
+            media=items,
+            metadata=metadata,
+        )
+
+    def check_same_record(self, obligation: DeliveryObligation) -> None:
+        """Raise ConflictingRecord when this id's stored record differs from ``obligation``.
+
+        Reads (and opens) only the stored ``Recorded`` event. When its personal fields can
+        no longer be opened (the session was forgotten), nothing can be compared and the
+        first record stands, as before erasure.
+        """
+        uuid = obligation_uuid(obligation.obligation_id)
+        recorded = list(self.events.get(uuid, lte=1))
+        if not recorded:
+            raise NotFound("obligation", obligation.obligation_id)
+        differences = record_differences(recorded[0], obligation)
+        if differences and not is_erased(self, uuid):
+            log.warning(
+                "obligation %s recorded again with another %s: refused",
+                obligation.obligation_id,
+                ", ".join(differences),
+            )
+            raise ConflictingRecord(obligation.obligation_id, differences)
+
+    def check_writable(self) -> None:
+        """Raise unless this process can record: the master key opens the store's data keys
+        (``MasterKeyMismatch`` otherwise) and the store takes a write (rolled back).
+
+        Opening a store and reading it show neither: a gateway calls this at start, so a
+        wrong key or a read-only store is said once, loudly, not found reply by reply.
+        """
+        self.private_mapper.keyring.table.probe_write()
+
+    def mark_attempting(self, obligation_id: str, *, guard: SendGuard | str | None = None) -> None:
+        """A send starts. ``guard``: what it does against an unannounced duplicate
+        (``none``, ``marker`` or ``idempotency_key``), for the audit (ADR 0026); the
+        upstream call without it records nothing, and the audit assumes the rule."""
+        obligation = self._load(obligation_id)
+        obligation.start_attempt(by=self.owner, now=self.clock(), guard=guard)
+        self._save(obligation, "attempting")
+
+    def mark_delivered(
+        self,
+        obligation_id: str,
+        receipt: Sequence[str | int] | str | int | None = None,
+        *,
+        fence: int | None = None,
+    ) -> None:
+        """``fence``: the one held when the send started; a stale one records a late result."""
+        ids: Any = receipt
+        if receipt is None:
+            ids = []
+        elif isinstance(receipt, str | int) and not isinstance(receipt, bool):
+            ids = [receipt]  # one message id
+        obligation = self._load(obligation_id)
+        obligation.confirm_delivery(by=self.owner, now=self.clock(), receipt=ids, fence=fence)
+        self._save(obligation, "delivered")
+
+    def mark_failed(
+        self,
+        obligation_id: str,
+        error: str = "",
+        classification: ErrorClass | str = ErrorClass.AMBIGUOUS,
+        retry_after: float | None = None,
+        *,
+        fence: int | None = None,
+    ) -> None:
+        try:
+            error_class = ErrorClass(classification)
+        except ValueError:
+            raise InvalidInput(f"unknown error classification {classification!r}") from None
+        obligation = self._load(obligation_id)
+        obligation.fail(
+            by=self.owner,
+            now=self.clock(),
+            error=error,
+            classification=error_class,
+            retry_after=retry_after,
+            fence=fence,
+        )
+        self._save(obligation, "failed")
+
+    def abandon(
+        self,
+        obligation_id: str,
+        reason: AbandonReason | str = AbandonReason.OPERATOR,
+        detail: str = "",
+    ) -> None:
+        try:
+            abandon_reason = AbandonReason(reason)
+        except ValueError:
+            raise InvalidInput(f"unknown abandon reason {reason!r}") from None
+        obligation = self._load(obligation_id)
+        obligation.abandon(reason=abandon_reason, now=self.clock(), by=self.owner, detail=detail)
+        self._save(obligation, f"abandoned ({abandon_reason.value})")
+
+    # -- recovery (application/delivery/recovery.py, ADR 0007) --------------------------------
+
+    @property
+    def recoverable(self) -> RecoverableObligations:
+        """The index of unresolved obligations; resumes from its tracked position."""
+        if self._recoverable is None:
+            self._recoverable = RecoverableObligations(self)
+        return self._recoverable
+
+    def sweep_recoverable(
+        self,
+        now: datetime | None = None,
+        *,
+        deliverable_platforms: Collection[str] | None = None,
+        liveness: LivenessPolicy | None = None,
+    ) -> list[dict[str, Any]]:
+        """Claim what dead owners left unresolved; returns only what this call won.
+
+        Counters of the sweep are in ``last_sweep``. ``deliverable_platforms=None`` means
+        every platform is connected; ``liveness`` replaces the local /proc judgement.
+        """
+        self.last_sweep, won = sweep_recoverable(
+            self,
+            now,
+            deliverable_platforms=deliverable_platforms,
+            liveness=liveness or self.liveness,
+        )
+        return won
+
+    @property
+    def liveness(self) -> LivenessPolicy:
+        """Leases where this ledger uses them (PostgreSQL by default), else /proc (ADR 0010)."""
+        if self.leases is not None:
+            return LeaseLiveness(self.leases, self.lease_settings.clock_skew)
+        return LocalLiveness()
+
+    def forget_session(
+        self, session_key: str, *, requested_by: str = "", sessions: Any = None
+    ) -> ErasureReport:
+        """Erase the session's personal data; its history stays, showing ``[erased]``.
+
+        Pass the open ``SessionStore`` as ``sessions`` to erase its conversations too.
+        """
+        return forget_in_ledger(self, session_key, requested_by=requested_by, sessions=sessions)
+
+    def is_erased(self, obligation_id: str) -> bool:
+        """True when the obligation's session was forgotten: never send it, abandon it."""
+        return is_erased(self, self._uuid(obligation_id))
+
+    # -- reads --------------------------------------------------------------------------------
+
+    def get(self, obligation_id: str) -> ObligationStatus:
+        return ObligationStatus.of(self._load(obligation_id))
+
+    @overload
+    def history(self, obligation_id: str) -> list[HistoryEntry]: ...
+    @overload
+    def history(self, obligation_id: str, at: datetime) -> Timeline: ...
+    def history(self, obligation_id: str, at: datetime | None = None) -> Any:
+        """Every event of the obligation; with ``at``, a Timeline of its state at that moment."""
+        if at is not None:
+            return timeline(self, obligation_id, at)
+        events = list(self.events.get(self._uuid(obligation_id)))
+        if not events:
+            raise NotFound("obligation", obligation_id)
+        return [HistoryEntry.of(e) for e in events]
+
+    def exists(self, obligation_id: str) -> bool:
+        return self._uuid(obligation_id) in self.repository
+
+    # -- operators (application/delivery/operations.py and audit.py, ADR 0011) ---------------
+
+    @property
+    def obligation_index(self) -> ObligationIndex:
+        """One row per obligation, for status, list and metrics; resumes from its position."""
+        if self._obligation_index is None:
+            self._obligation_index = ObligationIndex(self)
+        return self._obligation_index
+
+    def stats(self, now: datetime | None = None) -> LedgerStats:
+        """The figures of ``gateway-ledger status`` and ``metrics``, read from the index."""
+        return compute_stats(self, now)
+
+    def timeline(self, obligation_id: str, at: datetime | None = None) -> Timeline:
+        return timeline(self, obligation_id, at)
+
+    def retry(self, obligation_id: str, by_operator: str = "") -> ObligationStatus:
+        """An operator's retry: claimable by the next sweep at once; refused when final."""
+        return request_retry(self, obligation_id, by_operator)
+
+    def audit_duplicates(self) -> DuplicateAudit:
+        """Replay every event; report possible duplicates and ownership problems."""
+        return audit_duplicates(self)
+
+    def list(
+        self,
+        *,
+        state: str | None = None,
+        platform: str | None = None,
+        since: datetime | None = None,
+        session: str | None = None,
+        limit: int | None = None,
+    ) -> tuple[IndexEntry, ...]:
+        """Obligations from the index, oldest first (``session`` is a session key)."""
+        return list_obligations(
+            self, state=state, platform=platform, since=since, session=session, limit=limit
+        )
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def aggregate_id(self, obligation_id: str) -> UUID:
+        """The aggregate id of an obligation id (validated)."""
+        return self._uuid(obligation_id)
+
+    @staticmethod
+    def _uuid(obligation_id: str) -> UUID:
+        """Every lookup takes an id as a record does: refused (InvalidInput) the same way."""
+        if not isinstance(obligation_id, str) or not obligation_id:
+            raise InvalidInput("obligation_id must be a non-empty str")
+        return obligation_uuid(require_obligation_id(obligation_id))
+
+    def _load(self, obligation_id: str) -> DeliveryObligation:
+        try:
+            aggregate: DeliveryObligation = self.repository.get(self._uuid(obligation_id))
+        except AggregateNotFoundError:
+            raise NotFound("obligation", obligation_id) from None
+        assert isinstance(aggregate, DeliveryObligation)
+        return aggregate
+
+    def _save(self, obligation: DeliveryObligation, transition: str) -> None:
+        try:
+            self.save(obligation)
+        except IntegrityError:
+            log.info(
+                "obligation %s: %s lost to a concurrent writer",
+                obligation.obligation_id,
+                transition,
+            )
+            raise ConcurrentUpdate(
+                "DeliveryObligation", obligation.obligation_id, transition
+            ) from None
+        log.debug("obligation %s %s v%d", obligation.obligation_id, transition, obligation.version)

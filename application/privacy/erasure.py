@@ -1,0 +1,402 @@
+"""Privacy of the ledger: which fields are personal, and erasure that keeps the audit trail.
+
+Personal fields are sealed by the store's mapper (``infrastructure/privacy/private_mapper.py``)
+under one data key per session key. ``forget_session`` destroys that key: every event
+still replays, with ``[erased]`` where the personal data was, and every unresolved
+obligation of the session is abandoned with reason ``erased`` instead of being sent.
+See ADR 0012 for what this guarantees and what it cannot, and ADR 0028 for writes that
+race an erasure (refused with ``SessionErased``) and for cleanup that a reader keeps from
+finishing (left pending, finished by the next erasure or ``finish_erasure_cleanup``).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from uuid import UUID, uuid4
+
+import attrs
+import orjson
+from eventsourcing.application import AggregateNotFoundError
+from eventsourcing.persistence import IntegrityError, PersistenceError
+
+from gateway_ledger.domain.delivery.obligation import DeliveryObligation
+from gateway_ledger.domain.errors import InvalidInput, UndecodableEvent
+from gateway_ledger.domain.privacy.erasure import Erasure
+from gateway_ledger.domain.sessions.route import InboundMessage, SessionKeying, SessionRoute
+from gateway_ledger.domain.sessions.session import Session
+from gateway_ledger.domain.sessions.source import PERSONAL_FIELDS, TRUST_FLAGS
+from gateway_ledger.domain.values import AbandonReason, require_clear_text, require_text
+from gateway_ledger.infrastructure.eventstore.store import store_environment
+from gateway_ledger.infrastructure.privacy.private_mapper import (
+    ERASED,
+    InClear,
+    PrivacyPolicy,
+    SealedEvent,
+    SealedSnapshot,
+)
+
+if TYPE_CHECKING:
+    from gateway_ledger.application.delivery.ledger import DeliveryLedger
+    from gateway_ledger.application.sessions.store import SessionStore
+
+log = logging.getLogger("gateway_ledger.privacy")
+
+__all__ = [
+    "CLEANUP_PENDING_NOTE",
+    "DELIVERY_PRIVACY",
+    "ERASED",
+    "SESSION_PRIVACY",
+    "ErasureReport",
+    "finish_erasure_cleanup",
+    "forget_session",
+]
+
+CLEANUP_PENDING_NOTE = (
+    "cleanup pending: an open reader or transaction kept an old copy of the destroyed key "
+    "in the store's files (SQLite WAL, or PostgreSQL's key table before VACUUM FULL); the "
+    "key can no longer be used, and the next `gateway-ledger sessions forget`, or "
+    "`gateway-ledger sessions forget --finish`, removes the copy"
+)
+"""What an operator is told when an erasure's cleanup was left for later (ADR 0028)."""
+
+_Obligation: Any = DeliveryObligation  # its event classes are made at runtime
+_Erasure: Any = Erasure
+
+DELIVERY_PRIVACY = PrivacyPolicy(
+    SealedEvent(
+        _Obligation.Recorded,
+        (
+            "session_key",
+            "content",
+            "parts",
+            "media",
+            "metadata",
+            "target.chat_id",
+            "target.thread_id",
+            "target.reply_to",
+        ),
+        subject_from="session_key",
+        clear=("obligation_id", "target.platform", "owner"),
+    ),
+    InClear(_Obligation.Attempting, ("by", "fence", "guard")),
+    SealedEvent(_Obligation.PartDelivered, ("receipt",), clear=("by", "index", "fence")),
+    SealedEvent(_Obligation.Delivered, ("receipt",), clear=("by", "fence")),
+    SealedEvent(
+        _Obligation.Failed, ("error",), clear=("by", "classification", "retry_after", "fence")
+    ),
+    SealedEvent(
+        _Obligation.LateResultReported,
+        ("receipt", "error"),
+        clear=("by", "outcome", "classification", "part", "fence", "current_fence", "late"),
+    ),
+    InClear(
+        _Obligation.Claimed, ("by", "previous_owner", "recovery_attempt", "needs_marker", "fence")
+    ),
+    InClear(_Obligation.RetryRequested, ("by", "previous_owner", "requested_by", "fence")),
+    SealedEvent(_Obligation.Abandoned, ("detail",), clear=("reason", "by")),
+    InClear(_Obligation.Quarantined, ("by", "previous_owner", "reason", "found_at", "fence")),
+    InClear(
+        _Erasure.SubjectErased,
+        ("subject_id", "by", "requested_by", "destroyed_keys", "abandoned", "sessions"),
+    ),
+)
+"""Personal: what was said, to whom, where, and what the platform echoed back (every
+receipt: whole replies, parts, late results). In clear: obligation id, states, times,
+attempts, fences, platform, owners (the gateway's identity), error class, operator labels,
+and the erasure records (subject ids are keyed hashes)."""
+
+_Session: Any = Session
+_Route: Any = SessionRoute
+
+SOURCE_FIELDS = tuple(f"source.{name}" for name in PERSONAL_FIELDS)
+"""Who and where, in a SessionSource. In clear: platform, chat_type, is_bot, profile."""
+
+_Inbound: Any = InboundMessage
+_Keying: Any = SessionKeying
+SOURCE_CLEAR = tuple(
+    f"source.{name}" for name in ("platform", "chat_type", "is_bot", "profile", *TRUST_FLAGS)
+)
+"""In clear in a SessionSource (the trust flags are never stored at all)."""
+
+SESSION_PRIVACY = PrivacyPolicy(
+    SealedEvent(
+        _Session.Started,
+        ("key", *SOURCE_FIELDS),
+        subject_from="key",
+        clear=("session_id", "previous_session_id", "started_reason", *SOURCE_CLEAR),
+    ),
+    SealedEvent(
+        _Session.MessageAppended,
+        ("content", "platform_message_id"),
+        state_free=True,
+        clear=("seq", "role"),
+    ),
+    InClear(_Session.ResumeMarked, ("reason",)),
+    InClear(_Session.ResumeCleared),
+    InClear(_Session.Suspended),
+    InClear(_Session.Reset, ("reason", "successor_session_id")),
+    SealedEvent(_Route.Opened, ("key",), subject_from="key", clear=("session_id",)),
+    InClear(_Route.Rotated, ("previous_session_id", "session_id", "reason")),
+    # Keyed hashes of the chat and message ids only (ADR 0013).
+    InClear(_Inbound.Seen, ("platform", "chat_scope", "platform_message_id", "session_id", "seq")),
+    InClear(_Keying.Established, ("mode",)),
+    SealedSnapshot(Session, ("key", *SOURCE_FIELDS)),
+    SealedSnapshot(SessionRoute, ("key",)),
+)
+"""Personal: what was said, by whom, where, and the session key (raw ids in raw_keys mode).
+In clear: session ids, seq, role, times, counters, reset reasons, platform, chat type.
+``InboundMessage`` needs no sealing: the store keys it by keyed hashes only (ADR 0013).
+The subject is the session key, as in the ledger: one erasure covers both halves."""
+
+_RETRIES = 5
+
+
+@attrs.frozen
+class ErasureReport:
+    """What one erasure did; carries no personal data."""
+
+    subject_id: str
+    erasure_id: UUID
+    destroyed_keys: tuple[str, ...]
+    abandoned: tuple[str, ...]
+    erased_at: datetime
+    wal_truncated: bool | None
+    sessions: tuple[str, ...] = ()
+    cleanup_pending: bool = False
+    """An old copy of the destroyed key may remain in the store's files until the next
+    erasure or ``finish_erasure_cleanup`` (a reader held them; ADR 0028)."""
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "subject_id": self.subject_id,
+            "erasure_id": str(self.erasure_id),
+            "destroyed_keys": list(self.destroyed_keys),
+            "abandoned": list(self.abandoned),
+            "sessions": list(self.sessions),
+            "erased_at": self.erased_at.isoformat(),
+            "wal_truncated": self.wal_truncated,
+            "cleanup_pending": self.cleanup_pending,
+        }
+
+
+def forget_in_ledger(
+    ledger: DeliveryLedger,
+    session_key: str,
+    *,
+    requested_by: str = "",
+    sessions: SessionStore | None = None,
+) -> ErasureReport:
+    """Erase both halves of a session: its replies in ``ledger`` and, given the session
+    store (``sessions``, in the same store or another), its conversations.
+
+    The open conversation is suspended (the next message starts a fresh session) and
+    unresolved obligations are abandoned before the key goes (nothing owed is left behind
+    unreadable), and abandoned once more after it (any recorded meanwhile by another
+    process). The key is destroyed in the ledger's store and in the session store's; one
+    ``SubjectErased`` event in the ledger records it all.
+    """
+    require_text("session_key", session_key)
+    require_clear_text("requested_by", requested_by, allow_empty=True)
+    mapper = ledger.private_mapper
+    subject = mapper.keyring.subject_id(session_key)
+    session_ids = sessions.end_for_erasure(session_key) if sessions is not None else []
+    abandoned = _abandon_unresolved(ledger, subject)
+    destroyed = mapper.keyring.destroy(subject)
+    truncated = getattr(mapper.keyring.table, "last_checkpoint_complete", None)
+    pending = bool(getattr(mapper.keyring.table, "cleanup_pending", False))
+    if sessions is not None:
+        ring = sessions.private_mapper.keyring
+        destroyed += [k for k in ring.destroy(ring.subject_id(session_key)) if k not in destroyed]
+        pending = pending or bool(getattr(ring.table, "cleanup_pending", False))
+        other = getattr(ring.table, "last_checkpoint_complete", None)
+        truncated = (
+            None
+            if truncated is None and other is None
+            else bool((truncated is not False) and (other is not False))
+        )
+    abandoned += _abandon_unresolved(ledger, subject)
+    erasure = Erasure.record(
+        erasure_id=uuid4(),
+        subject_id=subject,
+        by=ledger.owner,
+        requested_by=requested_by,
+        destroyed_keys=destroyed,
+        abandoned=abandoned,
+        sessions=session_ids,
+        now=ledger.clock(),
+    )
+    ledger.save(erasure)
+    report = ErasureReport(
+        subject_id=subject,
+        erasure_id=erasure.id,
+        destroyed_keys=tuple(destroyed),
+        abandoned=tuple(abandoned),
+        erased_at=erasure.erased_at,
+        wal_truncated=truncated,
+        sessions=tuple(session_ids),
+        cleanup_pending=pending,
+    )
+    if pending:
+        log.warning("subject %s erased; %s", subject, CLEANUP_PENDING_NOTE)
+    log.info(
+        "subject %s erased: %d key(s) destroyed, %d obligation(s) abandoned, %d session(s)",
+        subject,
+        len(destroyed),
+        len(abandoned),
+        len(session_ids),
+    )
+    return report
+
+
+def obligations_of(ledger: DeliveryLedger, subject_id: str) -> list[UUID]:
+    """Every obligation recorded for the subject (found by its clear subject id)."""
+    mapper = ledger.private_mapper
+    needle = f'"s":"{subject_id}"'.encode()
+    topics = [e.topic for e in mapper.policy.events if e.subject_from and _is_obligation(e.event)]
+    found = mapper.keyring.table.originators_mentioning(topics, needle)
+    return [UUID(o) for o in found]
+
+
+def _is_obligation(event_class: type) -> bool:
+    return event_class.__qualname__.startswith(DeliveryObligation.__qualname__ + ".")
+
+
+def _abandon_unresolved(ledger: DeliveryLedger, subject_id: str) -> list[str]:
+    abandoned: list[str] = []
+    for aggregate_id in obligations_of(ledger, subject_id):
+        for _ in range(_RETRIES):
+            try:
+                obligation: object = ledger.repository.get(aggregate_id)
+            except AggregateNotFoundError:
+                break
+            except UndecodableEvent as e:
+                # Quarantined (ADR 0027): never sent; its key goes with the others below.
+                log.error("obligation %s not abandoned: %s", aggregate_id, e)
+                break
+            if not isinstance(obligation, DeliveryObligation) or obligation.is_resolved:
+                break
+            if ledger.private_mapper.subject_of(aggregate_id) != subject_id:
+                break
+            obligation.abandon(reason=AbandonReason.ERASED, now=ledger.clock(), by=ledger.owner)
+            try:
+                ledger.save(obligation)
+            except IntegrityError:
+                continue  # a concurrent transition: reload and decide again
+            abandoned.append(obligation.obligation_id)
+            break
+        else:
+            log.warning("obligation %s kept changing; not abandoned", aggregate_id)
+    return abandoned
+
+
+def is_erased(ledger: DeliveryLedger, aggregate_id: UUID) -> bool:
+    """True when the obligation's personal data can no longer be opened (its key is gone).
+
+    A recovery path checks this before sending: such an obligation is abandoned with
+    reason ``erased``, never sent as ``[erased]``. Costs one indexed read, no decryption.
+    """
+    mapper = ledger.private_mapper
+    stored = mapper.first_event(aggregate_id) if mapper.first_event else None
+    if stored is None or b'"_sealed_"' not in stored.state:
+        return False
+    envelope = orjson.loads(stored.state)["_sealed_"]
+    return "k" in envelope and mapper.keyring.opening_key(envelope["s"], envelope["k"]) is None
+
+
+def erasures(ledger: DeliveryLedger) -> list[Erasure]:
+    """Every erasure recorded in this store, oldest first (for audits)."""
+    from eventsourcing.utils import get_topic
+
+    topic = get_topic(Erasure.SubjectErased)  # type: ignore[attr-defined]
+    found: list[Erasure] = []
+    start = None
+    while True:
+        batch = ledger.recorder.select_notifications(
+            start, 500, topics=[topic], inclusive_of_start=start is None
+        )
+        if not batch:
+            return found
+        for n in batch:
+            found.append(ledger.repository.get(n.originator_id))
+        start = batch[-1].id
+        if len(batch) < 500:
+            return found
+
+
+def open_sessions_for_erasure(location: str | Path, *, required: bool) -> SessionStore | None:
+    """The session store at ``location`` for erasure, or None if there is none there.
+
+    Opened without creating tables and without the keying check or secret: erasure
+    computes no key from a source, it is given the session key.
+    """
+    from gateway_ledger.application.sessions.store import SessionStore
+    from gateway_ledger.domain.sessions.route import SessionKeying
+
+    env = {**store_environment(location), "CREATE_TABLE": "n"}
+    store = SessionStore(env, raw_keys=True, keying_check=False)
+    try:
+        present = SessionKeying.create_id() in store.repository
+    except PersistenceError:
+        present = False  # no session tables in this store
+    if not present:
+        store.close()
+        if required:
+            raise InvalidInput(f"no session store at {location}")
+        return None
+    return store
+
+
+def forget_session(
+    location: str | Path,
+    session_key: str,
+    *,
+    requested_by: str = "",
+    sessions: str | Path | None = None,
+) -> ErasureReport:
+    """Erase a session's personal data: the delivery ledger at ``location`` (SQLite or
+    PostgreSQL) and the session store, which is looked for at ``location`` too (same file
+    or schema) unless ``sessions`` names where it lives."""
+    from gateway_ledger.application.delivery.ledger import DeliveryLedger
+
+    if not str(location):
+        raise InvalidInput("forget_session needs a store location")
+    session_store = open_sessions_for_erasure(
+        location if sessions is None else sessions, required=sessions is not None
+    )
+    ledger = DeliveryLedger.open(location)
+    try:
+        return forget_in_ledger(
+            ledger, session_key, requested_by=requested_by, sessions=session_store
+        )
+    finally:
+        ledger.close()
+        if session_store is not None:
+            session_store.close()
+
+
+def finish_erasure_cleanup(location: str | Path, *, sessions: str | Path | None = None) -> bool:
+    """Finish what earlier erasures left pending in the store at ``location`` (and in the
+    session store at ``sessions``, if it lives elsewhere): the WAL truncation on SQLite,
+    ``VACUUM FULL`` of the key table on PostgreSQL. True when nothing is pending any more.
+
+    Like the erasure, it waits about a second at most for a reader to let go, so it can
+    run from cron without holding the gateway's writers off (ADR 0028).
+    """
+    from gateway_ledger.application.delivery.ledger import DeliveryLedger
+
+    ledger = DeliveryLedger.open(location)
+    try:
+        done = ledger.private_mapper.keyring.table.finish_cleanup()
+    finally:
+        ledger.close()
+    if sessions is not None:
+        store = open_sessions_for_erasure(sessions, required=True)
+        assert store is not None
+        try:
+            done = store.private_mapper.keyring.table.finish_cleanup() and done
+        finally:
+            store.close()
+    return done

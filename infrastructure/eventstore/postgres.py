@@ -1,0 +1,193 @@
+"""PostgreSQL as the event store: a ``postgresql://`` URL becomes the library's environment.
+
+The URL's query may carry ``schema=NAME`` (default ``public``); the schema is created if
+missing, so several installations (or test runs) can share one database.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlparse
+
+import psycopg
+from eventsourcing.persistence import StoredEvent
+from eventsourcing.postgres import PostgresApplicationRecorder
+from psycopg import sql
+
+from gateway_ledger.domain.errors import InvalidInput, NotAStore
+from gateway_ledger.infrastructure.eventstore.keyed_recorder import KeyStaging
+from gateway_ledger.infrastructure.privacy.key_table import KEYS_TABLE, KeyRaceLost, erased_among
+
+_SCHEMA_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+
+
+def parse_postgres_url(url: str) -> dict[str, str]:
+    parsed = urlparse(url)
+    if parsed.scheme not in ("postgresql", "postgres"):
+        raise InvalidInput(f"not a postgresql:// URL: {url!r}")
+    query = parse_qs(parsed.query)
+    schema = query.get("schema", ["public"])[0]
+    # fullmatch: ``$`` alone would let a trailing newline through (``?schema=evil%0A``).
+    if not _SCHEMA_RE.fullmatch(schema):
+        raise InvalidInput(f"invalid schema name {schema!r}")
+    dbname = unquote(parsed.path.lstrip("/")) or "postgres"
+    try:
+        port = parsed.port or 5432
+    except ValueError:
+        raise InvalidInput(f"invalid port in the PostgreSQL URL (host {parsed.hostname})") from None
+    return {
+        "host": parsed.hostname or "127.0.0.1",
+        "port": str(port),
+        "user": unquote(parsed.username or "postgres"),
+        "password": unquote(parsed.password or ""),
+        "dbname": dbname,
+        "schema": schema,
+        "pool_size": query.get("pool_size", ["1"])[0],
+    }
+
+
+def connect(params: dict[str, str]) -> psycopg.Connection:
+    return psycopg.connect(
+        host=params["host"],
+        port=int(params["port"]),
+        user=params["user"],
+        password=params["password"] or None,
+        dbname=params["dbname"],
+        autocommit=True,
+        connect_timeout=5,
+    )
+
+
+STORE_TABLES = ("gateway_ledger_events", "gateway_sessions_events")
+"""The library's events tables of the ledger and of the sessions: a schema holding
+either is a gateway-ledger store."""
+
+
+def require_postgres_store(url: str) -> None:
+    """Refuse, creating nothing (not even the schema), a database or schema without a
+    gateway-ledger store, and a server that does not answer: one line, no password."""
+    params = parse_postgres_url(url)
+    where = f"{params['host']}:{params['port']}/{params['dbname']}"
+    names = [f'"{params["schema"]}"."{table}"' for table in STORE_TABLES]
+    try:
+        with connect(params) as conn:
+            row = conn.execute(
+                "SELECT " + ", ".join(["to_regclass(%s)"] * len(names)), names
+            ).fetchone()
+    except psycopg.Error as e:
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise NotAStore(f"cannot open the PostgreSQL store at {where}: {reason}") from None
+    if row is None or not any(row):
+        raise NotAStore(
+            f"no gateway-ledger store in schema {params['schema']} of {where} "
+            "(not a gateway-ledger store)"
+        )
+
+
+def ensure_schema(params: dict[str, str]) -> None:
+    with connect(params) as conn:
+        conn.execute(
+            sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(params["schema"]))
+        )
+
+
+_CREATION_LOCK = 0x6761_7465  # "gate": one advisory lock id for all table creation
+
+
+@contextmanager
+def creation_lock(url: str) -> Iterator[None]:
+    """Serialise table creation across processes opening a new schema at once.
+
+    PostgreSQL's ``CREATE TABLE IF NOT EXISTS`` is not safe against a concurrent twin
+    (it fails with "tuple concurrently updated" or a pg_type unique violation).
+    """
+    with connect(parse_postgres_url(url)) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", (_CREATION_LOCK,))
+        try:
+            yield
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (_CREATION_LOCK,))
+
+
+def postgres_environment(url: str) -> dict[str, str]:
+    params = parse_postgres_url(url)
+    ensure_schema(params)
+    return {
+        "PERSISTENCE_MODULE": "eventsourcing.postgres",
+        "POSTGRES_DBNAME": params["dbname"],
+        "POSTGRES_HOST": params["host"],
+        "POSTGRES_PORT": params["port"],
+        "POSTGRES_USER": params["user"],
+        "POSTGRES_PASSWORD": params["password"],
+        "POSTGRES_SCHEMA": params["schema"],
+        "POSTGRES_POOL_SIZE": params["pool_size"],
+        "POSTGRES_MAX_OVERFLOW": "8",
+        "POSTGRES_CONNECT_TIMEOUT": "10",
+        "POSTGRES_LOCK_TIMEOUT": "10",
+        "POSTGRES_PRE_PING": "y",
+    }
+
+
+def environment_params(env: Mapping[str, str]) -> dict[str, str]:
+    """The reverse of :func:`postgres_environment`: connection parameters for
+    :func:`connect`, from an application's environment (for connections of our own)."""
+    return {
+        "host": env.get("POSTGRES_HOST", "127.0.0.1"),
+        "port": env.get("POSTGRES_PORT", "5432"),
+        "user": env.get("POSTGRES_USER", "postgres"),
+        "password": env.get("POSTGRES_PASSWORD", ""),
+        "dbname": env.get("POSTGRES_DBNAME", "postgres"),
+    }
+
+
+class KeyedPostgresApplicationRecorder(KeyStaging, PostgresApplicationRecorder):
+    """Inserts this thread's staged key rows in the events' transaction (ADR 0023).
+
+    The library calls ``_insert_events`` first in that transaction, before it locks the
+    events table; a row for a subject whose key another writer stored meanwhile is
+    skipped (``ON CONFLICT DO NOTHING``, after waiting for that writer's commit), and
+    ``KeyRaceLost`` rolls the whole transaction back. Before that, the stored keys the
+    events were sealed with are read ``FOR KEY SHARE``: an erasure's DELETE of one of
+    them then waits for this commit (and its second pass abandons what it wrote), or it
+    came first and ``SessionErased`` rolls this transaction back (ADR 0028).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # With the library's database functions the hook below is never called.
+        self.stages_keys = not self.datastore.enable_db_functions
+        self._keys = sql.Identifier(self.datastore.schema, KEYS_TABLE)
+
+    def _insert_events(
+        self, curs: Any, stored_events: Sequence[StoredEvent], **kwargs: Any
+    ) -> None:
+        used = self.staged_used()
+        if used:
+            curs.execute(
+                sql.SQL(
+                    "SELECT subject_id, key_id FROM {} WHERE subject_id = ANY(%s) FOR KEY SHARE"
+                ).format(self._keys),
+                (list(used),),
+            )
+            erased_among(used, [_pair(row) for row in curs.fetchall()])
+        rows = self.staged_rows()
+        if rows:
+            curs.execute(
+                sql.SQL(
+                    "INSERT INTO {} (subject_id, key_id, wrapped, created_at) VALUES {} "
+                    "ON CONFLICT DO NOTHING RETURNING subject_id"
+                ).format(self._keys, sql.SQL(", ").join([sql.SQL("(%s, %s, %s, %s)")] * len(rows))),
+                [value for row in rows for value in row],
+            )
+            if len(curs.fetchall()) != len(rows):
+                raise KeyRaceLost
+        super()._insert_events(curs, stored_events, **kwargs)
+
+
+def _pair(row: Any) -> tuple[str, str]:
+    if isinstance(row, Mapping):
+        return str(row["subject_id"]), str(row["key_id"])
+    return str(row[0]), str(row[1])
