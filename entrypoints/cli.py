@@ -32,8 +32,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "sweep",
     "audit",
     "projections",
-    "sessions",  # before "forget", which adds itself to the sessions command
-    "forget",
+    "sessions",  # with its "forget" subcommand (commands/forget.py)
     "metrics",
 )
 

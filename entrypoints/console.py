@@ -11,7 +11,7 @@ import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeAlias
 
 import orjson
 
@@ -19,6 +19,11 @@ from gateway_ledger.application.delivery.ledger import DeliveryLedger
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+
+
+Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+"""The type of ``add_subparsers()``; argparse exports it under an underscored name only,
+so this module is the one that names it."""
 
 
 def usage_error(message: str) -> Exception:

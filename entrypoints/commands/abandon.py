@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 
 from gateway_ledger.domain.values import AbandonReason
-from gateway_ledger.entrypoints.console import add_common, open_ledger, print_json
+from gateway_ledger.entrypoints.console import Subcommands, add_common, open_ledger, print_json
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: Subcommands) -> None:
     parser = subparsers.add_parser(
         "abandon",
         help="abandon an unresolved obligation (reason: operator; refused when final)",

@@ -10,6 +10,7 @@ import argparse
 
 from gateway_ledger.application.delivery.audit import audit_duplicates
 from gateway_ledger.entrypoints.console import (
+    Subcommands,
     add_common,
     open_ledger,
     print_json,
@@ -18,7 +19,7 @@ from gateway_ledger.entrypoints.console import (
 )
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: Subcommands) -> None:
     parser = subparsers.add_parser("audit", help="checks that replay the whole event log")
     nested = parser.add_subparsers(dest="audit_command", metavar="CHECK")
     nested.required = True

@@ -9,9 +9,10 @@ from pathlib import Path
 
 from gateway_ledger.application.delivery.ledger import DeliveryLedger
 from gateway_ledger.domain.delivery.obligation import compute_obligation_id
+from gateway_ledger.entrypoints.console import Subcommands
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: Subcommands) -> None:
     parser = subparsers.add_parser("demo", help="drive one obligation and print its history")
     parser.add_argument("--db", help="SQLite file to keep (default: a temporary file)")
     parser.add_argument("--json", action="store_true", help="print the history as JSON")

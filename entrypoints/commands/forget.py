@@ -20,28 +20,15 @@ from gateway_ledger.application.privacy.erasure import (
     finish_erasure_cleanup,
     forget_session,
 )
-from gateway_ledger.entrypoints.console import usage_error
+from gateway_ledger.entrypoints.console import Subcommands, usage_error
 from gateway_ledger.infrastructure.eventstore.store import existing_store_environment
 
 
-def _sessions_subparsers(
-    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
-) -> argparse._SubParsersAction[argparse.ArgumentParser]:
-    parser = subparsers.choices.get("sessions")
-    if parser is None:
-        parser = subparsers.add_parser("sessions", help="session commands")
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return action
-    nested = parser.add_subparsers(dest="sessions_command", metavar="SUBCOMMAND")
-    nested.required = True
-    return nested
-
-
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sessions: Subcommands) -> None:
+    """Add ``sessions forget`` to the ``sessions`` command's subcommands."""
     from gateway_ledger.entrypoints.cli import add_db_option
 
-    parser = _sessions_subparsers(subparsers).add_parser(
+    parser = sessions.add_parser(
         "forget",
         help="erase a session's personal data (the audit trail stays, showing [erased])",
     )

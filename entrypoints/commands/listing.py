@@ -6,6 +6,7 @@ import argparse
 
 from gateway_ledger.application.delivery.operations import STATES
 from gateway_ledger.entrypoints.console import (
+    Subcommands,
     add_common,
     open_ledger,
     parse_moment,
@@ -14,7 +15,7 @@ from gateway_ledger.entrypoints.console import (
 )
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: Subcommands) -> None:
     parser = subparsers.add_parser(
         "list",
         help="list obligations (by state, platform, age, session)",

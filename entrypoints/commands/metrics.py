@@ -6,10 +6,10 @@ import argparse
 import sys
 
 from gateway_ledger.application.delivery.metrics import prometheus_text
-from gateway_ledger.entrypoints.console import add_common, open_ledger
+from gateway_ledger.entrypoints.console import Subcommands, add_common, open_ledger
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: Subcommands) -> None:
     parser = subparsers.add_parser(
         "metrics",
         help="Prometheus text exposition of the status figures (stable metric names)",

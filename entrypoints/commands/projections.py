@@ -10,6 +10,7 @@ from types import FrameType
 
 from gateway_ledger.domain.errors import LedgerError
 from gateway_ledger.entrypoints.console import (
+    Subcommands,
     add_common,
     open_ledger,
     print_json,
@@ -25,7 +26,7 @@ from gateway_ledger.projections.delivery.catalog import (
 from gateway_ledger.projections.follower import FollowStats, ViewFollower
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: Subcommands) -> None:
     parser = subparsers.add_parser("projections", help="the read models: position, lag, rebuild")
     nested = parser.add_subparsers(dest="projections_command", metavar="SUBCOMMAND")
     nested.required = True

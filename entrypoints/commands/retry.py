@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 
-from gateway_ledger.entrypoints.console import add_common, open_ledger, print_json
+from gateway_ledger.entrypoints.console import Subcommands, add_common, open_ledger, print_json
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: Subcommands) -> None:
     parser = subparsers.add_parser(
         "retry",
         help="make an unresolved obligation claimable by the next sweep (refused when final)",

@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 
 from gateway_ledger.application.sessions.admin import list_sessions, open_session_store, show_key
+from gateway_ledger.entrypoints.commands import forget
 from gateway_ledger.entrypoints.console import (
+    Subcommands,
     add_common,
     print_json,
     table,
@@ -17,10 +19,11 @@ from gateway_ledger.entrypoints.console import (
 )
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: Subcommands) -> None:
     parser = subparsers.add_parser("sessions", help="session commands")
     nested = parser.add_subparsers(dest="sessions_command", metavar="SUBCOMMAND")
     nested.required = True
+    forget.register(nested)
     listing = nested.add_parser("list", help="every session, oldest first")
     add_common(listing)
     listing.set_defaults(handler=run_list)

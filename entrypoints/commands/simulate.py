@@ -16,11 +16,12 @@ import argparse
 import json
 import sys
 
+from gateway_ledger.entrypoints.console import Subcommands
 from gateway_ledger.infrastructure.simulation.driver import Report, Simulation, SimulationConfig
 from gateway_ledger.infrastructure.simulation.faults import FaultReport
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: Subcommands) -> None:
     parser = subparsers.add_parser(
         "simulate", help="crash-test the delivery path: kill gateways, count what users got"
     )

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import argparse
 
-from gateway_ledger.entrypoints.console import add_common, open_ledger, print_json, table
+from gateway_ledger.entrypoints.console import (
+    Subcommands,
+    add_common,
+    open_ledger,
+    print_json,
+    table,
+)
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: Subcommands) -> None:
     parser = subparsers.add_parser(
         "status",
         help="obligations by state and platform, oldest unresolved, delivery times, lag",

@@ -12,10 +12,16 @@ import argparse
 from typing import Any
 
 from gateway_ledger.application.delivery.sweep_preview import abandon_stale, preview_sweep
-from gateway_ledger.entrypoints.console import add_common, open_ledger, print_json, table
+from gateway_ledger.entrypoints.console import (
+    Subcommands,
+    add_common,
+    open_ledger,
+    print_json,
+    table,
+)
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: Subcommands) -> None:
     parser = subparsers.add_parser(
         "sweep",
         help="preview the recovery sweep; --abandon-stale abandons what is stale or exhausted",
