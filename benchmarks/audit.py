@@ -1,4 +1,4 @@
-"""``audit duplicates`` on a store of a million events: within a minute on this machine.
+"""``audit duplicates`` on a store of a million events (target: within a minute).
 
 The store is built fast by writing stored events in batches: a few obligation histories
 are made once through the real aggregate and mapper (clean deliveries, an ambiguous

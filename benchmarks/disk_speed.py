@@ -2,8 +2,9 @@
 
 Target (a) of ``delivery.py`` (one conversation at a time, ours >= 1x the mutable-row
 baseline) compares one commit plus a thread round trip and our Python (ours) with three
-commits on the event loop (the baseline). Which side wins depends on what a flush costs,
-and this machine's virtio disk flushes in about 110 µs: the break-even point (ADR 0020).
+commits on the event loop (the baseline). Which side wins depends on what a flush costs
+(ADR 0046; the development machine's disk sits near the break-even point,
+docs/performance.md).
 Most disks a gateway runs on flush slower than that (network block storage, SSDs without
 power-loss protection), some faster (NVMe with it).
 

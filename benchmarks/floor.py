@@ -1,7 +1,7 @@
-"""What benchmark (a) depends on, measured on this machine: the costs no Python can remove.
+"""What benchmark (a) depends on, measured where it runs: the costs no Python can remove.
 
 Target (a) of ``delivery.py`` (one conversation at a time, ours >= 1x the mutable-row
-baseline) compares two fixed costs per reply (ADR 0020):
+baseline) compares two fixed costs per reply (ADR 0046):
 
 - the baseline: three commits, each an fsync, on the event loop;
 - ours: one commit (a reply's ``Recorded + Attempting`` and the previous reply's

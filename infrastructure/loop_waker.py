@@ -4,8 +4,8 @@ A lone conversation is woken by the writer once per reply, on the critical path 
 reply (ADR 0020). ``call_soon_threadsafe`` allocates a handle with a copy of the context
 for each wake-up, and the woken loop drains its self-pipe (two reads, the second one
 raising) before it runs the handle. Here the writer queues the settled waiters on a deque
-and writes the eventfd; the loop reads it once and settles what is queued. Measured in
-place: about 8 µs less per reply.
+and writes the eventfd; the loop reads it once and settles what is queued: less work on
+the reply's critical path (measured in docs/performance.md).
 
 Linux only (``os.eventfd``), and only on loops with ``add_reader``;
 :func:`waker_for` returns None elsewhere and the caller keeps ``call_soon_threadsafe``.

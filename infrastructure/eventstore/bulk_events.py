@@ -1,7 +1,7 @@
 """Load many aggregates with one query instead of one query each.
 
 The library's repository reads one aggregate per call, and on SQLite each call opens and
-rolls back its own transaction (about 0.2 ms of fixed cost). A sweep that reloads a
+rolls back its own transaction, a fixed cost per call. A sweep that reloads a
 hundred candidates pays that a hundred times; this reads their events in one statement
 from the recorder's own table, decodes them with the application's mapper and replays
 them with each event's own ``mutate``, exactly as the repository does. Tied to the

@@ -3,8 +3,8 @@
 ``Application.save`` is general: it collects events through protocol checks, borrows a
 pooled connection (lock, pre-ping bookkeeping), builds ``Recording`` objects, puts
 aggregates in a cache we do not use and calls ``notify``. The group-commit writer only
-needs "these events, one transaction, durable", and on SQLite that general path costs
-about 0.2 ms per commit on this machine, as much as the commit itself without its fsync.
+needs "these events, one transaction, durable", and on SQLite that general path's fixed
+cost is paid again on every commit (figures: docs/performance.md).
 
 :class:`SQLiteAppender` maps events with the application's own mapper (so sealing of
 personal fields, ADR 0012, is unchanged), then runs the recorder's own INSERT statement
