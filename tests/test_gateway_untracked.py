@@ -25,9 +25,8 @@ from typing import Any
 
 import pytest
 
-from gateway_ledger.application.delivery.gateway import Gateway
-from gateway_ledger.application.delivery.ledger import DeliveryLedger
 from gateway_ledger.application.delivery.ports import Reply, ReplyContext
+from gateway_ledger.bootstrap import DeliveryLedger, Gateway
 from gateway_ledger.domain.delivery.obligation import compute_obligation_id
 from gateway_ledger.domain.values import MediaItem
 from gateway_ledger.infrastructure.eventstore.postgres import connect, parse_postgres_url
