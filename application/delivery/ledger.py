@@ -24,6 +24,7 @@ from eventsourcing.persistence import IntegrityError
 
 from gateway_ledger.application.clock import Clock, system_clock
 from gateway_ledger.application.delivery.audit import DuplicateAudit, audit_duplicates
+from gateway_ledger.application.delivery.interface import claimed_item, media_items
 from gateway_ledger.application.delivery.ledger_ports import (
     LeaseHolder,
     LivenessPolicy,
@@ -78,14 +79,6 @@ LEDGER_APPLICATION_NAME = "gateway_ledger"
 
 VALUE_OBJECTS: tuple[type, ...] = (OwnerIdentity, DeliveryTarget, MediaItem)
 """The value objects the ledger's events carry: its transcoder must know each of them."""
-
-
-def _media_item(value: object) -> MediaItem:
-    if isinstance(value, MediaItem):
-        return value
-    if isinstance(value, Mapping):
-        return MediaItem(**value)
-    raise InvalidInput(f"a media item must be a MediaItem or a mapping, not {type(value).__name__}")
 
 
 class DeliveryLedger(Application[UUID], ABC):
@@ -197,13 +190,11 @@ class DeliveryLedger(Application[UUID], ABC):
         parts: Sequence[str] = (),
     ) -> DeliveryObligation:
         """Build (not save) a Recorded obligation owned by this process; validates all input."""
-        if isinstance(media, str | bytes | Mapping) or not isinstance(media, Iterable):
-            raise InvalidInput(f"media must be a list of media items, not {type(media).__name__}")
         try:
             target = DeliveryTarget(
                 platform=platform, chat_id=chat_id, thread_id=thread_id, reply_to=reply_to
             )
-            items = [_media_item(m) for m in media]
+            items = media_items(media)
         except TypeError as e:
             raise InvalidInput(str(e)) from None
         return DeliveryObligation.record(
@@ -337,7 +328,7 @@ class DeliveryLedger(Application[UUID], ABC):
             deliverable_platforms=deliverable_platforms,
             liveness=liveness or self.liveness,
         )
-        return won
+        return [claimed_item(claim) for claim in won]
 
     def forget_session(
         self, session_key: str, *, requested_by: str = "", sessions: ErasableSessions | None = None

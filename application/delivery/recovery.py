@@ -27,6 +27,7 @@ from uuid import UUID
 import attrs
 from eventsourcing.persistence import IntegrityError, PersistenceError
 
+from gateway_ledger.application.delivery.interface import Claim
 from gateway_ledger.application.delivery.ledger_ports import LedgerPort, LivenessPolicy, Loaded
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation
 from gateway_ledger.domain.errors import LedgerError, NotFound
@@ -63,27 +64,6 @@ class SweepResult:
     @property
     def abandoned_total(self) -> int:
         return sum(self.abandoned.values())
-
-
-def redelivery(obligation: DeliveryObligation, needs_marker: bool) -> dict[str, Any]:
-    """What the gateway needs to send it again: the upstream keys, plus what upstream lost."""
-    target = obligation.target
-    item: dict[str, Any] = {
-        "obligation_id": obligation.obligation_id,
-        "session_key": obligation.session_key,
-        "platform": target.platform,
-        "chat_id": target.chat_id,
-        "thread_id": target.thread_id,
-        "content": obligation.content,
-        "needs_marker": needs_marker,
-        "attempts": obligation.recovery_attempts,
-        "reply_to": target.reply_to,
-        "media": [attrs.asdict(m) for m in obligation.media],
-        "metadata": dict(obligation.metadata),
-    }
-    if obligation.parts:
-        item["parts"] = list(obligation.parts)
-    return item
 
 
 @attrs.frozen
@@ -162,7 +142,7 @@ class RecoverySweep:
         self.counts: Counter[str] = Counter()  # SweepResult's counters, by field name
         self.abandoned: Counter[str] = Counter()  # by reason
         self.batch_size = max(1, batch_size)
-        self.won: list[dict[str, Any]] = []
+        self.won: list[Claim] = []
         self._alive: dict[OwnerIdentity, bool] = {}
 
     def is_alive(self, owner: OwnerIdentity) -> bool:
@@ -171,7 +151,7 @@ class RecoverySweep:
             alive = self._alive[owner] = bool(self.liveness(owner))
         return alive
 
-    def run(self) -> tuple[SweepResult, list[dict[str, Any]]]:
+    def run(self) -> tuple[SweepResult, list[Claim]]:
         started = time.perf_counter()
         view = self.ledger.recoverable
         applied = view.catch_up()
@@ -349,7 +329,7 @@ class RecoverySweep:
             obligation.recovery_attempts,
             d.needs_marker,
         )
-        self.won.append(redelivery(obligation, d.needs_marker))
+        self.won.append(Claim(obligation, d.needs_marker))
 
 
 def sweep_recoverable(
@@ -358,7 +338,7 @@ def sweep_recoverable(
     *,
     deliverable_platforms: Collection[str] | None = None,
     liveness: LivenessPolicy | None = None,
-) -> tuple[SweepResult, list[dict[str, Any]]]:
+) -> tuple[SweepResult, list[Claim]]:
     """Run one sweep; returns its counters and the obligations this call won."""
     moment = require_aware("now", now if now is not None else ledger.clock())
     sweep = RecoverySweep(ledger, moment, deliverable_platforms, liveness or ledger.liveness)
