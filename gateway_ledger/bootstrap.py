@@ -1,4 +1,4 @@
-"""The composition root: the one place where the applications meet their infrastructure.
+"""The composition root (ADR 0036): where the applications meet their infrastructure.
 
 The applications (``application/``) declare what they need as ports and know no store,
 lease, key or thread. Here each is put together with the infrastructure that satisfies
