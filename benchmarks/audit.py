@@ -23,7 +23,7 @@ from typing import Any
 from eventsourcing.persistence import StoredEvent
 
 from gateway_ledger.application.delivery.audit import PAGE_SIZE, audit_duplicates
-from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.bootstrap import DeliveryLedger
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation
 from gateway_ledger.domain.values import LedgerPolicy, OwnerIdentity
 

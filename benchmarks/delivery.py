@@ -32,9 +32,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gateway_ledger.application.delivery.gateway import Gateway
-from gateway_ledger.application.delivery.ledger import DeliveryLedger
 from gateway_ledger.application.delivery.ports import AdapterBase, Reply, ReplyContext, SendResult
+from gateway_ledger.bootstrap import DeliveryLedger, Gateway
 from gateway_ledger.domain.delivery.obligation import compute_obligation_id
 from gateway_ledger.domain.values import DeliveryTarget, MediaItem
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from privacy import drop
 from sweep import PG_BASE_URL, dead_owner, orphan, timed, write_history
 
-from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.bootstrap import DeliveryLedger
 from gateway_ledger.projections.delivery.catalog import projection_status
 
 ORPHANS = 100

@@ -28,9 +28,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from gateway_ledger.application.delivery.gateway import Gateway
-from gateway_ledger.application.delivery.ledger import DeliveryLedger
 from gateway_ledger.application.delivery.ports import AdapterBase, Reply, ReplyContext, SendResult
+from gateway_ledger.bootstrap import DeliveryLedger, Gateway
 from gateway_ledger.domain.values import OwnerIdentity
 from gateway_ledger.infrastructure.ownership.process_identity import boot_id
 

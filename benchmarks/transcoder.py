@@ -18,7 +18,8 @@ from typing import Any
 
 from eventsourcing.persistence import JSONTranscoder, Mapper, Transcoder
 
-from gateway_ledger.application.delivery.ledger import VALUE_OBJECTS, build_transcoder
+from gateway_ledger.application.delivery.ledger import VALUE_OBJECTS
+from gateway_ledger.bootstrap import build_transcoder
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation, compute_obligation_id
 from gateway_ledger.domain.values import DeliveryTarget, MediaItem, OwnerIdentity
 from gateway_ledger.infrastructure.eventstore.transcoder import AttrsTranscoding, DatetimeAsISO

@@ -15,7 +15,8 @@ from typing import Any, TypeAlias
 
 import orjson
 
-from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger import bootstrap
+from gateway_ledger.bootstrap import DeliveryLedger
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
@@ -43,7 +44,7 @@ def add_common(parser: argparse.ArgumentParser, *, json: bool = True) -> None:
 def open_ledger(location: str, *, writing: bool = False) -> DeliveryLedger:
     """The ledger of an existing store: read-only when this process may not write it,
     unless the command appends (``writing``), which is then refused."""
-    return DeliveryLedger.open(location, existing=True, writing=writing)
+    return bootstrap.open_ledger(location, existing=True, writing=writing)
 
 
 def parse_moment(text: str, *, name: str) -> datetime:

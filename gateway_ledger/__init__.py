@@ -11,7 +11,7 @@ from typing import Any
 
 _EXPORTS: dict[str, str] = {
     # delivery
-    "DeliveryLedger": "gateway_ledger.application.delivery.ledger",
+    "DeliveryLedger": "gateway_ledger.bootstrap",
     "compute_obligation_id": "gateway_ledger.domain.delivery.obligation",
     "ObligationStatus": "gateway_ledger.application.delivery.views",
     "HistoryEntry": "gateway_ledger.application.delivery.views",
@@ -21,7 +21,7 @@ _EXPORTS: dict[str, str] = {
     "LedgerPolicy": "gateway_ledger.domain.values",
     "OwnerIdentity": "gateway_ledger.domain.values",
     # the gateway's delivery path
-    "Gateway": "gateway_ledger.application.delivery.gateway",
+    "Gateway": "gateway_ledger.bootstrap",
     "PlatformAdapter": "gateway_ledger.application.delivery.ports",
     "AdapterBase": "gateway_ledger.application.delivery.ports",
     "SendResult": "gateway_ledger.application.delivery.ports",

@@ -7,9 +7,9 @@ none answers they are skipped with a printed reason, unless
 
 from __future__ import annotations
 
-import gc
 import os
 import uuid
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -67,6 +67,35 @@ def drop_postgres_schema(url: str) -> None:
         )
 
 
+_started: weakref.WeakSet[object] = weakref.WeakSet()
+
+
+@pytest.fixture(autouse=True)
+def _close_what_the_test_started(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every ledger a test started (``open``/``start``) is closed when the test ends, if
+    the test left it open: its lease heartbeat stops and its lease is released. Nothing
+    else starts a thread (constructors start nothing), so no heartbeat outlives a test."""
+    from gateway_ledger.bootstrap import DeliveryLedger
+
+    start = DeliveryLedger.start
+
+    def tracked(ledger: DeliveryLedger) -> DeliveryLedger:
+        _started.add(ledger)
+        return start(ledger)
+
+    monkeypatch.setattr(DeliveryLedger, "start", tracked)
+    yield
+    close_left_open()
+
+
+def close_left_open() -> None:
+    """Close the started ledgers that still hold a lease (the others hold no thread)."""
+    for ledger in list(_started):
+        if getattr(ledger, "heartbeat", None) is not None:
+            ledger.close()  # type: ignore[attr-defined]
+    _started.clear()
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def backend(request: pytest.FixtureRequest) -> str:
     """The store kind under test; use ``store_location`` for a fresh, empty store."""
@@ -85,12 +114,7 @@ def store_location(backend: str, tmp_path: Path) -> Iterator[str]:
     try:
         yield url
     finally:
-        # A ledger left open in a reference cycle (ledger -> view -> ledger) closes only at
-        # some later collection, or at exit: meanwhile its heartbeat renews and its pooled
-        # connection stays open, and its lease release then hits the dropped schema
-        # ("lease release failed (it will expire): ProgrammingError" after the summary).
-        # Collected here, it closes and releases while its schema still exists.
-        gc.collect()
+        close_left_open()  # releases their leases while the schema still exists
         drop_postgres_schema(url)
 
 
@@ -102,7 +126,7 @@ def pg_url() -> Iterator[str]:
     try:
         yield url
     finally:
-        gc.collect()  # see store_location
+        close_left_open()  # see store_location
         drop_postgres_schema(url)
 
 

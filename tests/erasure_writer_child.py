@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.bootstrap import DeliveryLedger
 
 
 def main(location: str, stop_file: str) -> None:

@@ -17,8 +17,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gateway_ledger.application.delivery.gateway import Gateway
 from gateway_ledger.application.delivery.ports import AdapterBase, Reply, ReplyContext, SendResult
+from gateway_ledger.bootstrap import Gateway
 from gateway_ledger.domain.values import DeliveryTarget, MediaItem
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.bootstrap import DeliveryLedger
 from gateway_ledger.domain.values import LedgerPolicy, OwnerIdentity
 from gateway_ledger.infrastructure.ownership.process_identity import current_owner
 

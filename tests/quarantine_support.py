@@ -7,7 +7,7 @@ from __future__ import annotations
 import orjson
 
 from gateway_ledger.domain.delivery.obligation import obligation_uuid
-from gateway_ledger.infrastructure.simulation.faults import EventTable
+from gateway_ledger.entrypoints.simulation.faults import EventTable
 
 NEWER_TOPIC = "gateway_ledger.domain.obligation:DeliveryObligation.Snoozed"
 """An event type a later release might add; this one does not know it."""

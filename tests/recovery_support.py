@@ -9,7 +9,7 @@ import sys
 import textwrap
 from typing import Any
 
-from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.bootstrap import DeliveryLedger
 from gateway_ledger.domain.values import OwnerIdentity
 from gateway_ledger.infrastructure.ownership.process_identity import boot_id
 

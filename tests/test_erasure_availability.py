@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from privacy_support import store_bytes
 
-from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.bootstrap import DeliveryLedger
 from gateway_ledger.infrastructure.privacy.key_table import KEYS_TABLE
 from gateway_ledger.infrastructure.privacy.master_key import MASTER_KEY_ENV
 

@@ -8,10 +8,9 @@ from typing import Any
 
 import pytest
 
-from gateway_ledger.application.delivery.gateway import Gateway
-from gateway_ledger.application.delivery.ledger import DeliveryLedger
 from gateway_ledger.application.delivery.ports import AdapterBase, Reply, ReplyContext, SendResult
 from gateway_ledger.application.delivery.scheduling import ManualScheduler
+from gateway_ledger.bootstrap import DeliveryLedger, Gateway
 from gateway_ledger.domain.errors import IllegalTransition
 from gateway_ledger.domain.values import DeliveryTarget, ErrorClass, MediaItem, OwnerIdentity
 

@@ -24,11 +24,11 @@ from eventsourcing.persistence import PersistenceError
 from psycopg import sql
 
 from gateway_ledger.application.delivery.gateway import DEFAULT_LEDGER_DEADLINE
-from gateway_ledger.application.delivery.ledger import DeliveryLedger
-from gateway_ledger.application.delivery.liveness import LeaseLiveness
 from gateway_ledger.application.delivery.ports import DUPLICATE_NOTICE
+from gateway_ledger.bootstrap import DeliveryLedger
 from gateway_ledger.infrastructure.eventstore.postgres import connect, parse_postgres_url
 from gateway_ledger.infrastructure.ownership.leases import LeaseSettings
+from gateway_ledger.infrastructure.ownership.liveness import LeaseLiveness
 
 CHILD = str(Path(__file__).with_name("fencing_child.py"))
 TTL, RENEW, SKEW = 1.0, 0.2, 0.2

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from gateway_ledger.application.delivery.gateway import Gateway
 from gateway_ledger.application.delivery.ports import (
     DUPLICATE_NOTICE,
     Reply,
@@ -16,6 +15,7 @@ from gateway_ledger.application.delivery.ports import (
     SendResult,
 )
 from gateway_ledger.application.delivery.scheduling import ManualScheduler
+from gateway_ledger.bootstrap import Gateway
 from gateway_ledger.domain.delivery.obligation import compute_obligation_id
 from gateway_ledger.domain.values import ErrorClass, MediaItem
 from tests.gateway_fakes import MemorySessions, ScriptedAdapter, dead_owner

@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
-from gateway_ledger.application.delivery.ledger import DeliveryLedger
 from gateway_ledger.application.delivery.ports import DUPLICATE_NOTICE
+from gateway_ledger.bootstrap import DeliveryLedger
 from gateway_ledger.domain.delivery.obligation import compute_obligation_id
-from gateway_ledger.infrastructure.simulation.platform import PlatformBehaviour, read_journal
-from gateway_ledger.infrastructure.simulation.workload import Turn
+from gateway_ledger.entrypoints.simulation.platform import PlatformBehaviour, read_journal
+from gateway_ledger.entrypoints.simulation.workload import Turn
 
-WORKER = "gateway_ledger.infrastructure.simulation.worker"
+WORKER = "gateway_ledger.entrypoints.simulation.worker"
 
 
 def turn(

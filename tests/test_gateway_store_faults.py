@@ -10,9 +10,8 @@ from typing import Any
 
 import pytest
 
-from gateway_ledger.application.delivery.gateway import Gateway
-from gateway_ledger.application.delivery.ledger import DeliveryLedger
 from gateway_ledger.application.delivery.ports import DUPLICATE_NOTICE, Reply, ReplyContext
+from gateway_ledger.bootstrap import DeliveryLedger, Gateway
 from gateway_ledger.domain.delivery.obligation import compute_obligation_id
 from gateway_ledger.domain.errors import ConcurrentUpdate
 from gateway_ledger.infrastructure.eventstore.event_append import appender_for

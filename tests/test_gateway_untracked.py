@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import gc
 import logging
 import os
 import shutil
@@ -25,15 +24,15 @@ from typing import Any
 
 import pytest
 
-from gateway_ledger.application.delivery.gateway import Gateway
-from gateway_ledger.application.delivery.ledger import DeliveryLedger
 from gateway_ledger.application.delivery.ports import Reply, ReplyContext
+from gateway_ledger.bootstrap import DeliveryLedger, Gateway
 from gateway_ledger.domain.delivery.obligation import compute_obligation_id
 from gateway_ledger.domain.values import MediaItem
 from gateway_ledger.infrastructure.eventstore.postgres import connect, parse_postgres_url
 from gateway_ledger.infrastructure.eventstore.store import store_environment
 from gateway_ledger.infrastructure.ownership.leases import LEASES_ENV
 from gateway_ledger.infrastructure.privacy.master_key import KEY_FILE_ENV, MASTER_KEY_ENV
+from tests.conftest import close_left_open
 from tests.gateway_fakes import ScriptedAdapter
 
 KEY = "agent:main:telegram:dm:7"
@@ -147,7 +146,7 @@ def owned_store(location: str) -> Iterator[tuple[str, Callable[[], None]]]:
             admin.execute(f'GRANT CREATE ON DATABASE "{params["dbname"]}" TO {role}')
             yield location.replace("://postgres@", f"://{role}@", 1), revoke
         finally:
-            gc.collect()  # ledgers left in reference cycles close (and release) now
+            close_left_open()  # a ledger left open releases its lease before the role goes
             admin.execute(f"DROP OWNED BY {role}")  # its schema, with the store
             admin.execute(f'REVOKE CREATE ON DATABASE "{params["dbname"]}" FROM {role}')
             admin.execute(f"DROP ROLE {role}")

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.bootstrap import DeliveryLedger
 from gateway_ledger.domain.errors import ConcurrentUpdate
 from gateway_ledger.infrastructure.eventstore.event_append import SQLiteAppender
 from gateway_ledger.infrastructure.eventstore.group_commit import GroupCommitWriter

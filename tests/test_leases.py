@@ -11,9 +11,7 @@ from pathlib import Path
 import pytest
 from recovery_support import python_child
 
-from gateway_ledger.application.delivery.ledger import DeliveryLedger
-from gateway_ledger.application.delivery.liveness import LeaseLiveness
-from gateway_ledger.application.delivery.recovery import LocalLiveness
+from gateway_ledger.bootstrap import DeliveryLedger
 from gateway_ledger.domain.errors import InvalidInput
 from gateway_ledger.domain.values import OwnerIdentity
 from gateway_ledger.infrastructure.ownership.installation import resolve_installation_id
@@ -23,6 +21,7 @@ from gateway_ledger.infrastructure.ownership.leases import (
     LeaseTable,
     owner_key,
 )
+from gateway_ledger.infrastructure.ownership.liveness import LeaseLiveness, LocalLiveness
 from gateway_ledger.infrastructure.ownership.process_identity import current_owner
 
 FOREIGN = OwnerIdentity(
@@ -124,7 +123,7 @@ def test_a_local_owner_whose_process_died_is_dead_before_its_lease_expires(
     child = python_child(
         f"""
         import time
-        from gateway_ledger.application.delivery.ledger import DeliveryLedger
+        from gateway_ledger.bootstrap import DeliveryLedger
         from gateway_ledger.infrastructure.ownership.leases import LeaseSettings
         ledger = DeliveryLedger.open({store_location!r},
                                      lease=LeaseSettings(ttl=600, renew_every=60, enabled=True))

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.bootstrap import DeliveryLedger
 from gateway_ledger.domain.delivery.obligation import compute_obligation_id
 from gateway_ledger.domain.errors import IllegalTransition, InvalidInput, NotFound
 from gateway_ledger.domain.values import MediaItem
@@ -71,7 +71,7 @@ def test_lifecycle_is_read_back_from_a_second_process(store_location: str) -> No
     script = textwrap.dedent(
         f"""
         import json
-        from gateway_ledger.application.delivery.ledger import DeliveryLedger
+        from gateway_ledger.bootstrap import DeliveryLedger
         ledger = DeliveryLedger.open({store_location!r})
         print(json.dumps([h.to_dict() for h in ledger.history({oid!r})]))
         """

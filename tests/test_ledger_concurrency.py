@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.application.clock import system_clock
+from gateway_ledger.bootstrap import DeliveryLedger
 from gateway_ledger.domain.errors import ConcurrentUpdate, IllegalTransition
-from gateway_ledger.infrastructure.clock import system_clock
 
 SPAWN = multiprocessing.get_context("spawn")
 KEY = "agent:main:telegram:dm:42"

@@ -8,7 +8,7 @@ import os
 import threading
 from pathlib import Path
 
-from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.bootstrap import DeliveryLedger
 from gateway_ledger.infrastructure.eventstore.group_commit import GroupCommitWriter
 from gateway_ledger.infrastructure.loop_waker import waker_for
 

@@ -16,10 +16,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from gateway_ledger.application.delivery.ledger import DeliveryLedger
-from gateway_ledger.application.delivery.liveness import LeaseLiveness
 from gateway_ledger.application.delivery.ports import DUPLICATE_NOTICE
+from gateway_ledger.bootstrap import DeliveryLedger
 from gateway_ledger.infrastructure.ownership.leases import LeaseSettings
+from gateway_ledger.infrastructure.ownership.liveness import LeaseLiveness
 
 CHILD = str(Path(__file__).with_name("multihost_child.py"))
 TTL, SKEW = 1.0, 0.2

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 import orjson
 import pytest
 
-from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.bootstrap import DeliveryLedger
 from gateway_ledger.domain.errors import IllegalTransition, InvalidInput
 from gateway_ledger.projections.delivery.catalog import PROJECTION_NAMES, rebuild_and_verify
 from tests.operator_support import owner, plant_late_delivery, plant_unmarked_resend, record

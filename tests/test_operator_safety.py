@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.bootstrap import DeliveryLedger
 from gateway_ledger.domain.values import LedgerPolicy
 from tests.operator_support import owner, record
 

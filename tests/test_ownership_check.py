@@ -16,14 +16,13 @@ from typing import Any
 from gateway_fakes import ScriptedAdapter
 from psycopg import sql
 
-from gateway_ledger.application.delivery.gateway import Gateway
-from gateway_ledger.application.delivery.ledger import DeliveryLedger
 from gateway_ledger.application.delivery.ports import (
     DUPLICATE_NOTICE,
     Reply,
     ReplyContext,
     SendResult,
 )
+from gateway_ledger.bootstrap import DeliveryLedger, Gateway
 from gateway_ledger.domain.delivery.obligation import compute_obligation_id
 from gateway_ledger.domain.values import DeliveryTarget, MediaItem, OwnerIdentity
 from gateway_ledger.infrastructure.eventstore.postgres import connect, parse_postgres_url

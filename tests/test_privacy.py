@@ -22,8 +22,8 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from privacy_support import store_bytes
 
-from gateway_ledger.application.delivery.ledger import DeliveryLedger
-from gateway_ledger.application.privacy.erasure import erasures, forget_session
+from gateway_ledger.application.privacy.erasure import erasures
+from gateway_ledger.bootstrap import DeliveryLedger, forget_session
 from gateway_ledger.domain.errors import InvalidInput, LedgerError
 from gateway_ledger.infrastructure.privacy.keyring import MasterKeyMismatch
 from gateway_ledger.infrastructure.privacy.master_key import MASTER_KEY_ENV, derive, load_master_key

@@ -25,9 +25,9 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from privacy_support import store_bytes
 
-from gateway_ledger.application.delivery.ledger import DeliveryLedger
-from gateway_ledger.application.privacy.erasure import erasures, forget_session
+from gateway_ledger.application.privacy.erasure import erasures
 from gateway_ledger.application.sessions.store import SessionStore
+from gateway_ledger.bootstrap import DeliveryLedger, forget_session
 from gateway_ledger.domain.errors import InvalidInput
 from gateway_ledger.domain.sessions.route import route_uuid
 from gateway_ledger.domain.sessions.source import SessionSource

@@ -29,9 +29,7 @@ from quarantine_support import (
 )
 from recovery_support import python_child, record_orphans
 
-from gateway_ledger.application.delivery.gateway import Gateway
-from gateway_ledger.application.delivery.ledger import DeliveryLedger
-from gateway_ledger.application.privacy.erasure import forget_session
+from gateway_ledger.bootstrap import DeliveryLedger, Gateway, forget_session
 from gateway_ledger.infrastructure.privacy.private_mapper import UNREADABLE
 
 SCRIPT = str(Path(sys.executable).parent / "gateway-ledger")
@@ -189,7 +187,7 @@ def test_clean_start_says_recovery_was_complete(store_location: str) -> None:
 
 CHILD = """
     import sys
-    from gateway_ledger.application.delivery.ledger import DeliveryLedger
+    from gateway_ledger.bootstrap import DeliveryLedger
     ledger = DeliveryLedger.open(sys.argv[1])
     key = sys.argv[2]
     ledger.record_obligation(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from recovery_support import dead_owner, python_child, record_orphans, view_snapshot
 
-from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.bootstrap import DeliveryLedger
 
 
 def test_sweep_claims_what_a_killed_process_left_pending_and_attempting(
@@ -20,7 +20,7 @@ def test_sweep_claims_what_a_killed_process_left_pending_and_attempting(
     child = python_child(
         f"""
         import sys, time
-        from gateway_ledger.application.delivery.ledger import DeliveryLedger
+        from gateway_ledger.bootstrap import DeliveryLedger
         ledger = DeliveryLedger.open({store_location!r})
         for oid in ("left-pending", "left-attempting"):
             ledger.record_obligation(
@@ -67,7 +67,7 @@ def test_a_claimer_that_dies_is_reclaimed_with_the_marker(store_location: str) -
     child = python_child(
         f"""
         import json, time
-        from gateway_ledger.application.delivery.ledger import DeliveryLedger
+        from gateway_ledger.bootstrap import DeliveryLedger
         ledger = DeliveryLedger.open({store_location!r})
         print(json.dumps(ledger.sweep_recoverable()), flush=True)
         time.sleep(60)
@@ -90,7 +90,7 @@ def test_a_claimer_that_dies_is_reclaimed_with_the_marker(store_location: str) -
 SWEEPER = """
 import faulthandler, json, sys
 faulthandler.dump_traceback_later(90, exit=True)  # a hang fails with every thread's stack
-from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.bootstrap import DeliveryLedger
 ledger = DeliveryLedger.open({location!r})
 ledger.recoverable.catch_up()
 print("ready", flush=True)
@@ -158,7 +158,7 @@ def test_sweep_killed_before_its_view_update_leaves_a_view_the_next_sweep_repair
     child = python_child(
         f"""
         import os, signal
-        from gateway_ledger.application.delivery.ledger import DeliveryLedger
+        from gateway_ledger.bootstrap import DeliveryLedger
         ledger = DeliveryLedger.open({store_location!r})
         view = ledger.recoverable
         view.catch_up()
@@ -196,7 +196,7 @@ def test_live_owners_are_never_swept_until_they_die(store_location: str) -> None
     child = python_child(
         f"""
         import time
-        from gateway_ledger.application.delivery.ledger import DeliveryLedger
+        from gateway_ledger.bootstrap import DeliveryLedger
         ledger = DeliveryLedger.open({store_location!r})
         ledger.record_obligation(obligation_id="busy", session_key="agent:main:x:dm:1",
                                  platform="telegram", chat_id="1", content="working on it")

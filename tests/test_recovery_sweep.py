@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from recovery_support import dead_owner
 
-from gateway_ledger.application.delivery.ledger import DeliveryLedger
-from gateway_ledger.application.delivery.recovery import LocalLiveness
+from gateway_ledger.application.clock import Clock
 from gateway_ledger.application.delivery.views import ObligationStatus
+from gateway_ledger.bootstrap import DeliveryLedger
 from gateway_ledger.domain.values import OwnerIdentity
-from gateway_ledger.infrastructure.clock import Clock
 from gateway_ledger.infrastructure.eventstore.bulk_events import load_aggregates
+from gateway_ledger.infrastructure.ownership.liveness import LocalLiveness
 from gateway_ledger.infrastructure.ownership.process_identity import (
     boot_id,
     current_owner,

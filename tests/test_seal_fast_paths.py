@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import orjson
 
-from gateway_ledger.application.delivery.ledger import build_transcoder
+from gateway_ledger.bootstrap import build_transcoder
 from gateway_ledger.domain.values import DeliveryTarget, OwnerIdentity
 from gateway_ledger.infrastructure.privacy.private_mapper import ERASED, _with_placeholders
 

@@ -7,7 +7,7 @@ import threading
 import time
 from pathlib import Path
 
-from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.bootstrap import DeliveryLedger
 from gateway_ledger.infrastructure.eventstore.store import ensure_wal
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from eventsourcing.utils import get_topic, resolve_topic
 
-from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.bootstrap import DeliveryLedger
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation
 from gateway_ledger.domain.privacy.erasure import Erasure
 from gateway_ledger.domain.sessions.route import InboundMessage, SessionKeying, SessionRoute

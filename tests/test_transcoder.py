@@ -19,11 +19,8 @@ from eventsourcing.persistence import JSONTranscoder, Mapper, TranscodingNotRegi
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway_ledger.application.delivery.ledger import (
-    VALUE_OBJECTS,
-    DeliveryLedger,
-    build_transcoder,
-)
+from gateway_ledger.application.delivery.ledger import VALUE_OBJECTS
+from gateway_ledger.bootstrap import DeliveryLedger, build_transcoder
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation
 from gateway_ledger.domain.errors import InvalidInput
 from gateway_ledger.domain.values import (

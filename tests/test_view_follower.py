@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psycopg
 
-from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.bootstrap import DeliveryLedger
 from gateway_ledger.infrastructure.eventstore.postgres import connect, parse_postgres_url
 from gateway_ledger.infrastructure.wakeups import PostgresNotifications
 from gateway_ledger.projections.follower import ViewFollower

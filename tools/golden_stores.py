@@ -319,7 +319,7 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 def planted(db: Path) -> Any:
     """The store's events table, for the faults the generator plants with plain SQL (the
     simulator's own fault planter: one way to write bad bytes)."""
-    from gateway_ledger.infrastructure.simulation.faults import EventTable
+    from gateway_ledger.entrypoints.simulation.faults import EventTable
 
     return EventTable(str(db), _SQLITE_EVENTS)
 
@@ -371,8 +371,8 @@ def create_postgres_tables(url: str) -> None:
     """The schema's tables as this release's own code creates them: the ledger (and its key
     tables, through the check a gateway makes at start) and the session store (without its
     keying record: that row comes from the export like every other)."""
-    from gateway_ledger.application.delivery.ledger import DeliveryLedger
     from gateway_ledger.application.sessions.store import SessionStore
+    from gateway_ledger.bootstrap import DeliveryLedger
     from gateway_ledger.infrastructure.eventstore.store import store_environment
     from gateway_ledger.infrastructure.ownership.leases import LeaseSettings
 

@@ -3,25 +3,33 @@
 Method names follow the upstream module (record_obligation, mark_attempting, ...) so an
 existing gateway can switch with few edits. Every transition is an event appended at the
 aggregate's next version; a writer that lost the race gets ConcurrentUpdate.
+
+This class is the application: it knows no store, lease or file. What it needs from them
+(the sealing mapper, the bulk loader, liveness, the lease) it declares as ports
+(``ledger_ports.py``); ``gateway_ledger/bootstrap.py`` subclasses it with the
+infrastructure that satisfies them, and that subclass is the public ``DeliveryLedger``.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import time
-import weakref
+from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime
-from pathlib import Path
-from typing import Any, overload
+from typing import Any, ClassVar, overload
 from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError, Application
-from eventsourcing.persistence import IntegrityError, PersistenceError, Transcoder
+from eventsourcing.persistence import IntegrityError
 
+from gateway_ledger.application.clock import Clock, system_clock
 from gateway_ledger.application.delivery.audit import DuplicateAudit, audit_duplicates
-from gateway_ledger.application.delivery.liveness import LeaseLiveness
+from gateway_ledger.application.delivery.interface import claimed_item, media_items
+from gateway_ledger.application.delivery.ledger_ports import (
+    LeaseHolder,
+    LivenessPolicy,
+    Loaded,
+)
 from gateway_ledger.application.delivery.operations import (
     LedgerStats,
     Timeline,
@@ -30,12 +38,7 @@ from gateway_ledger.application.delivery.operations import (
     request_retry,
     timeline,
 )
-from gateway_ledger.application.delivery.recovery import (
-    LivenessPolicy,
-    LocalLiveness,
-    SweepResult,
-    sweep_recoverable,
-)
+from gateway_ledger.application.delivery.recovery import SweepResult, sweep_recoverable
 from gateway_ledger.application.delivery.views import HistoryEntry, ObligationStatus
 from gateway_ledger.application.privacy.erasure import (
     DELIVERY_PRIVACY,
@@ -43,6 +46,8 @@ from gateway_ledger.application.privacy.erasure import (
     forget_in_ledger,
     is_erased,
 )
+from gateway_ledger.application.privacy.policy import PrivacyPolicy
+from gateway_ledger.application.privacy.ports import ErasableSessions, SealingMapper
 from gateway_ledger.domain.delivery.obligation import (
     DeliveryObligation,
     obligation_uuid,
@@ -64,24 +69,6 @@ from gateway_ledger.domain.values import (
     OwnerIdentity,
     SendGuard,
 )
-from gateway_ledger.infrastructure.clock import Clock, system_clock
-from gateway_ledger.infrastructure.eventstore.store import (
-    is_concurrent_ddl,
-    is_read_only,
-    opening,
-    store_environment,
-    store_path,
-)
-from gateway_ledger.infrastructure.eventstore.transcoder import AttrsTranscoding, OrjsonTranscoder
-from gateway_ledger.infrastructure.ownership.installation import resolve_installation_id
-from gateway_ledger.infrastructure.ownership.leases import (
-    Heartbeat,
-    LeaseSettings,
-    LeaseTable,
-    with_idle_transaction_limit,
-)
-from gateway_ledger.infrastructure.ownership.process_identity import current_owner
-from gateway_ledger.infrastructure.privacy.private_mapper import ENCRYPT_ENV, PrivateEvents
 from gateway_ledger.projections.delivery.obligation_index import IndexEntry, ObligationIndex
 from gateway_ledger.projections.delivery.recoverable import RecoverableObligations
 
@@ -91,123 +78,60 @@ LEDGER_APPLICATION_NAME = "gateway_ledger"
 """Part of the stored identity of every event; never change it on an existing store."""
 
 VALUE_OBJECTS: tuple[type, ...] = (OwnerIdentity, DeliveryTarget, MediaItem)
+"""The value objects the ledger's events carry: its transcoder must know each of them."""
 
 
-def build_transcoder() -> Transcoder:
-    transcoder = OrjsonTranscoder()
-    for cls in VALUE_OBJECTS:
-        transcoder.register(AttrsTranscoding(cls))
-    return transcoder
-
-
-def _media_item(value: object) -> MediaItem:
-    if isinstance(value, MediaItem):
-        return value
-    if isinstance(value, Mapping):
-        return MediaItem(**value)
-    raise InvalidInput(f"a media item must be a MediaItem or a mapping, not {type(value).__name__}")
-
-
-class DeliveryLedger(PrivateEvents, Application[UUID]):
+class DeliveryLedger(Application[UUID], ABC):
     """Every final reply the gateway owes, as an event-sourced DeliveryObligation.
 
-    Personal fields are encrypted at rest by default (ADR 0012); ``encrypt=False`` stores
-    new events in clear (upstream compatibility, benchmarks). Reading always decrypts.
+    Personal fields are sealed at rest by the store's mapper (ADR 0012) as
+    ``privacy_policy`` declares. Built with an ``owner`` (who appends), a ``policy`` (the
+    sweep's limits) and a ``clock``; the ports below are supplied by the store-backed
+    subclass in ``bootstrap.py``.
     """
 
     name = LEDGER_APPLICATION_NAME
-    privacy_policy = DELIVERY_PRIVACY
+    privacy_policy: ClassVar[PrivacyPolicy] = DELIVERY_PRIVACY
+
+    heartbeat: LeaseHolder | None = None
+    """This owner's lease while the ledger is started (None: no lease, liveness by /proc)."""
 
     def __init__(
         self,
         env: Mapping[str, str] | None = None,
         *,
-        owner: OwnerIdentity | None = None,
+        owner: OwnerIdentity,
         policy: LedgerPolicy | None = None,
         clock: Clock = system_clock,
-        encrypt: bool | None = None,
-        lease: LeaseSettings | None = None,
-        check_key: bool = True,
     ) -> None:
-        env = dict(env or {})
-        self.check_key_at_open = check_key
-        # Multi-host (ADR 0010): on PostgreSQL every ledger owner holds a lease by default.
-        self.lease_settings = lease or LeaseSettings.from_env()
-        module = env.get("PERSISTENCE_MODULE") or os.environ.get("PERSISTENCE_MODULE")
-        if module == "eventsourcing.postgres":
-            env = with_idle_transaction_limit(env, self.lease_settings)
-        if encrypt is not None:
-            env[ENCRYPT_ENV] = "y" if encrypt else "n"
-        for attempt in range(5):
-            try:
-                super().__init__(env=env)
-                break
-            except PersistenceError as e:  # several hosts creating one schema's tables at once
-                if attempt == 4 or not is_concurrent_ddl(e):
-                    raise
-                time.sleep(0.05 * (attempt + 1))
-        sqlite_path = store_path(self.env)
-        self.read_only = is_read_only(self.env)
-        self.owner = owner or current_owner(
-            resolve_installation_id(sqlite_path, persist=not self.read_only)
-        )
+        super().__init__(env=env)
+        self.owner = owner
         self.policy = policy or LedgerPolicy()
         self.clock = clock
-        self.location = str(sqlite_path or self.env.get("POSTGRES_DBNAME") or "")
         self.last_sweep: SweepResult | None = None
         self._recoverable: RecoverableObligations | None = None
         self._obligation_index: ObligationIndex | None = None
-        self.leases: LeaseTable | None = None
-        self.heartbeat: Heartbeat | None = None
-        is_postgres = self.env.get("PERSISTENCE_MODULE") == "eventsourcing.postgres"
-        wanted = self.lease_settings.wanted(is_postgres) and not self.read_only
-        if wanted and (is_postgres or sqlite_path):
-            self.leases = LeaseTable.of(self)
-            self.heartbeat = Heartbeat(self.leases, self.owner, self.lease_settings).start()
-            weakref.finalize(self, self.heartbeat.signal_stop)  # a ledger never closed
 
-    @classmethod
-    def open(
-        cls,
-        location: str | Path,
-        *,
-        owner: OwnerIdentity | None = None,
-        policy: LedgerPolicy | None = None,
-        clock: Clock = system_clock,
-        encrypt: bool | None = None,
-        lease: LeaseSettings | None = None,
-        existing: bool = False,
-        writing: bool = False,
-        check_key: bool = True,
-    ) -> DeliveryLedger:
-        """Open (creating if needed) the store at a file path or a postgresql:// URL.
+    # -- ports (supplied by the store-backed subclass) ---------------------------------------
 
-        ``existing=True`` (the operators' commands) opens only a gateway-ledger store
-        that is there, read-only if this process cannot write it unless ``writing``.
-        ``check_key=False`` defers the master-key check to the first use of a data key
-        (a gateway checks at ``start()`` and runs untracked, saying so, if it fails).
-        """
-        env = store_environment(location, existing=True, writing=writing) if existing else None
-        with opening(location):
-            return cls(
-                env or store_environment(location),
-                owner=owner,
-                policy=policy,
-                clock=clock,
-                encrypt=encrypt,
-                lease=lease,
-                check_key=check_key,
-            )
+    @property
+    @abstractmethod
+    def private_mapper(self) -> SealingMapper:
+        """The mapper that seals personal fields (its keyring names subjects)."""
 
-    def close(self) -> None:
-        """Release this owner's lease (others may take its work at once), then close."""
-        heartbeat, self.heartbeat = self.heartbeat, None
-        if heartbeat is not None:
-            heartbeat.stop(release=True)
-        super().close()
+    @property
+    @abstractmethod
+    def liveness(self) -> LivenessPolicy:
+        """Leases where this ledger uses them (PostgreSQL by default), else /proc (ADR 0010)."""
 
-    def construct_transcoder(self) -> Transcoder:
-        return build_transcoder()
+    @abstractmethod
+    def load_each(self, aggregate_ids: Sequence[UUID]) -> Loaded:
+        """The current state of each aggregate, read together, each failing on its own."""
+
+    @abstractmethod
+    def start(self) -> DeliveryLedger:
+        """Begin what runs while the ledger is open (its lease, where leases are used);
+        idempotent. A constructor starts nothing."""
 
     # -- writes -------------------------------------------------------------------------------
 
@@ -266,13 +190,11 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
         parts: Sequence[str] = (),
     ) -> DeliveryObligation:
         """Build (not save) a Recorded obligation owned by this process; validates all input."""
-        if isinstance(media, str | bytes | Mapping) or not isinstance(media, Iterable):
-            raise InvalidInput(f"media must be a list of media items, not {type(media).__name__}")
         try:
             target = DeliveryTarget(
                 platform=platform, chat_id=chat_id, thread_id=thread_id, reply_to=reply_to
             )
-            items = [_media_item(m) for m in media]
+            items = media_items(media)
         except TypeError as e:
             raise InvalidInput(str(e)) from None
         return DeliveryObligation.record(
@@ -406,17 +328,10 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
             deliverable_platforms=deliverable_platforms,
             liveness=liveness or self.liveness,
         )
-        return won
-
-    @property
-    def liveness(self) -> LivenessPolicy:
-        """Leases where this ledger uses them (PostgreSQL by default), else /proc (ADR 0010)."""
-        if self.leases is not None:
-            return LeaseLiveness(self.leases, self.lease_settings.clock_skew)
-        return LocalLiveness()
+        return [claimed_item(claim) for claim in won]
 
     def forget_session(
-        self, session_key: str, *, requested_by: str = "", sessions: Any = None
+        self, session_key: str, *, requested_by: str = "", sessions: ErasableSessions | None = None
     ) -> ErasureReport:
         """Erase the session's personal data; its history stays, showing ``[erased]``.
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 import logging
 import math
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, cast
 
 import attrs
+from eventsourcing.application import Application
 
+from gateway_ledger.application.delivery.ledger_ports import LedgerPort
 from gateway_ledger.application.delivery.views import HistoryEntry, ObligationStatus
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation
 from gateway_ledger.domain.errors import InvalidInput, NotFound
@@ -33,9 +35,6 @@ from gateway_ledger.projections.delivery.catalog import (
 )
 from gateway_ledger.projections.delivery.obligation_index import IndexEntry
 from gateway_ledger.projections.delivery.recoverable import to_micros
-
-if TYPE_CHECKING:
-    from gateway_ledger.application.delivery.ledger import DeliveryLedger
 
 log = logging.getLogger("gateway_ledger.operations")
 
@@ -94,8 +93,9 @@ def _percentile(ordered: list[float], fraction: float) -> float | None:
     return ordered[rank - 1]
 
 
-def compute_stats(ledger: DeliveryLedger, now: datetime | None = None) -> LedgerStats:
+def compute_stats(ledger: LedgerPort, now: datetime | None = None) -> LedgerStats:
     moment = require_aware("now", now if now is not None else ledger.clock())
+    app = cast("Application[Any]", ledger)  # every ledger is an event-sourced application
     index = ledger.obligation_index
     index.catch_up()
     table = index.table
@@ -168,12 +168,12 @@ def compute_stats(ledger: DeliveryLedger, now: datetime | None = None) -> Ledger
         quarantined=by_state[QUARANTINED],
         quarantined_ids=quarantined_ids,
         log_position=ledger.recorder.max_notification_id() or 0,
-        projections=tuple(projection_status(ledger, name) for name in PROJECTION_NAMES),
+        projections=tuple(projection_status(app, name) for name in PROJECTION_NAMES),
     )
 
 
 def list_obligations(
-    ledger: DeliveryLedger,
+    ledger: LedgerPort,
     *,
     state: str | None = None,
     platform: str | None = None,
@@ -230,11 +230,11 @@ class Timeline:
         }
 
 
-def timeline(ledger: DeliveryLedger, obligation_id: str, at: datetime | None = None) -> Timeline:
+def timeline(ledger: LedgerPort, obligation_id: str, at: datetime | None = None) -> Timeline:
     """Replay one obligation's events up to ``at`` (all of them when None)."""
     if at is not None:
         require_aware("at", at)
-    events: list[Any] = list(ledger.events.get(ledger._uuid(obligation_id)))
+    events: list[Any] = list(ledger.events.get(ledger.aggregate_id(obligation_id)))
     if not events:
         raise NotFound("obligation", obligation_id)
     kept = [e for e in events if at is None or e.timestamp <= at]
@@ -254,7 +254,7 @@ def timeline(ledger: DeliveryLedger, obligation_id: str, at: datetime | None = N
     )
 
 
-def request_retry(ledger: DeliveryLedger, obligation_id: str, by_operator: str) -> ObligationStatus:
+def request_retry(ledger: LedgerPort, obligation_id: str, by_operator: str) -> ObligationStatus:
     """Append ``RetryRequested``; refused (IllegalTransition) on a final obligation."""
     require_clear_text("by_operator", by_operator, allow_empty=True)
     obligation = ledger._load(obligation_id)

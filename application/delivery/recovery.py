@@ -17,17 +17,18 @@ fields fail authentication, or with an event that does not decode, is quarantine
 from __future__ import annotations
 
 import logging
-import socket
 import time
 from collections import Counter
 from collections.abc import Callable, Collection
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from uuid import UUID
 
 import attrs
 from eventsourcing.persistence import IntegrityError, PersistenceError
 
+from gateway_ledger.application.delivery.interface import Claim
+from gateway_ledger.application.delivery.ledger_ports import LedgerPort, LivenessPolicy, Loaded
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation
 from gateway_ledger.domain.errors import LedgerError, NotFound
 from gateway_ledger.domain.values import (
@@ -36,38 +37,9 @@ from gateway_ledger.domain.values import (
     QuarantineReason,
     require_aware,
 )
-from gateway_ledger.infrastructure.eventstore.bulk_events import Loaded, load_each
-from gateway_ledger.infrastructure.ownership.installation import configured_host
-from gateway_ledger.infrastructure.ownership.process_identity import is_alive_locally
 from gateway_ledger.projections.delivery.recoverable import RecoverableEntry
 
-if TYPE_CHECKING:
-    from gateway_ledger.application.delivery.ledger import DeliveryLedger
-
 log = logging.getLogger("gateway_ledger.recovery")
-
-LivenessPolicy = Callable[[OwnerIdentity], bool]
-"""Answers "may this owner still be working on it?"; True keeps the sweep's hands off.
-
-The seam for the multi-host issue: a lease-based policy replaces :class:`LocalLiveness`
-for owners on other hosts.
-"""
-
-
-@attrs.frozen
-class LocalLiveness:
-    """Liveness as one host can judge it: /proc for local owners, alive for the rest.
-
-    An owner on another host cannot be judged from here; until leases exist it is taken
-    as alive, so a sweep never steals work from a gateway it cannot see.
-    """
-
-    host: str = attrs.field(factory=lambda: configured_host() or socket.gethostname())
-
-    def __call__(self, owner: OwnerIdentity) -> bool:
-        if owner.host != self.host:
-            return True
-        return is_alive_locally(owner)
 
 
 @attrs.frozen
@@ -94,27 +66,6 @@ class SweepResult:
         return sum(self.abandoned.values())
 
 
-def redelivery(obligation: DeliveryObligation, needs_marker: bool) -> dict[str, Any]:
-    """What the gateway needs to send it again: the upstream keys, plus what upstream lost."""
-    target = obligation.target
-    item: dict[str, Any] = {
-        "obligation_id": obligation.obligation_id,
-        "session_key": obligation.session_key,
-        "platform": target.platform,
-        "chat_id": target.chat_id,
-        "thread_id": target.thread_id,
-        "content": obligation.content,
-        "needs_marker": needs_marker,
-        "attempts": obligation.recovery_attempts,
-        "reply_to": target.reply_to,
-        "media": [attrs.asdict(m) for m in obligation.media],
-        "metadata": dict(obligation.metadata),
-    }
-    if obligation.parts:
-        item["parts"] = list(obligation.parts)
-    return item
-
-
 @attrs.frozen
 class Unsendable:
     """Why a loaded obligation must not be handed to a sender (ADR 0027)."""
@@ -139,11 +90,11 @@ def unsendable(loaded: Loaded, aggregate_id: UUID) -> Unsendable | None:
     return None
 
 
-def load_sealed(ledger: DeliveryLedger, aggregate_id: UUID) -> DeliveryObligation | None:
+def load_sealed(ledger: LedgerPort, aggregate_id: UUID) -> DeliveryObligation | None:
     """The obligation rebuilt without opening its sealed fields (to quarantine or abandon
     it: neither reads them), or None when even that fails."""
     with ledger.private_mapper.sealed():
-        loaded = load_each(ledger, [aggregate_id])
+        loaded = ledger.load_each([aggregate_id])
     found = loaded.aggregates.get(aggregate_id)
     return found if isinstance(found, DeliveryObligation) else None
 
@@ -177,7 +128,7 @@ class RecoverySweep:
 
     def __init__(
         self,
-        ledger: DeliveryLedger,
+        ledger: LedgerPort,
         now: datetime,
         deliverable_platforms: Collection[str] | None,
         liveness: LivenessPolicy,
@@ -191,7 +142,7 @@ class RecoverySweep:
         self.counts: Counter[str] = Counter()  # SweepResult's counters, by field name
         self.abandoned: Counter[str] = Counter()  # by reason
         self.batch_size = max(1, batch_size)
-        self.won: list[dict[str, Any]] = []
+        self.won: list[Claim] = []
         self._alive: dict[OwnerIdentity, bool] = {}
 
     def is_alive(self, owner: OwnerIdentity) -> bool:
@@ -200,7 +151,7 @@ class RecoverySweep:
             alive = self._alive[owner] = bool(self.liveness(owner))
         return alive
 
-    def run(self) -> tuple[SweepResult, list[dict[str, Any]]]:
+    def run(self) -> tuple[SweepResult, list[Claim]]:
         started = time.perf_counter()
         view = self.ledger.recoverable
         applied = view.catch_up()
@@ -250,7 +201,7 @@ class RecoverySweep:
 
     def load(self, _: str, chunk: list[RecoverableEntry]) -> Loaded:
         """The chunk's aggregates, current as of now, read in one query, each on its own."""
-        return load_each(self.ledger, [UUID(e.aggregate_id) for e in chunk])
+        return self.ledger.load_each([UUID(e.aggregate_id) for e in chunk])
 
     def guarded(self, step: Callable[..., Any], obligation_id: str, *args: Any) -> Any:
         """One obligation's trouble is logged and counted; what was won is still returned."""
@@ -271,7 +222,7 @@ class RecoverySweep:
         """Let the (re)loaded aggregate decide; the view row may be out of date."""
         counts = self.counts
         if loaded is None:
-            loaded = load_each(self.ledger, [aggregate_id])
+            loaded = self.ledger.load_each([aggregate_id])
         problem = unsendable(loaded, aggregate_id)
         obligation: Any = loaded.aggregates.get(aggregate_id, _MISSING)
         if problem is not None and problem.quarantine is not None:
@@ -378,19 +329,19 @@ class RecoverySweep:
             obligation.recovery_attempts,
             d.needs_marker,
         )
-        self.won.append(redelivery(obligation, d.needs_marker))
+        self.won.append(Claim(obligation, d.needs_marker))
 
 
 def sweep_recoverable(
-    ledger: DeliveryLedger,
+    ledger: LedgerPort,
     now: datetime | None = None,
     *,
     deliverable_platforms: Collection[str] | None = None,
     liveness: LivenessPolicy | None = None,
-) -> tuple[SweepResult, list[dict[str, Any]]]:
+) -> tuple[SweepResult, list[Claim]]:
     """Run one sweep; returns its counters and the obligations this call won."""
     moment = require_aware("now", now if now is not None else ledger.clock())
-    sweep = RecoverySweep(ledger, moment, deliverable_platforms, liveness or LocalLiveness())
+    sweep = RecoverySweep(ledger, moment, deliverable_platforms, liveness or ledger.liveness)
     result, won = sweep.run()
     log.info(
         "sweep: %d candidates, claimed %d, lost races %d, abandoned %s, skipped offline %d, "
@@ -413,7 +364,7 @@ def sweep_recoverable(
 
 
 def load_for_sending(
-    ledger: DeliveryLedger, obligation_id: str
+    ledger: LedgerPort, obligation_id: str
 ) -> tuple[DeliveryObligation | None, Unsendable | None]:
     """One obligation as a sender may use it: (the aggregate, None), or (None, why not).
 
@@ -421,7 +372,7 @@ def load_for_sending(
     (``erased``), an unreadable one quarantined; a lost race leaves it to its history.
     """
     aggregate_id = ledger.aggregate_id(obligation_id)
-    loaded = load_each(ledger, [aggregate_id])
+    loaded = ledger.load_each([aggregate_id])
     problem = unsendable(loaded, aggregate_id)
     if problem is None:
         found = loaded.aggregates.get(aggregate_id)

@@ -13,20 +13,6 @@ from collections.abc import Collection
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
-RECOVERED_KEYS = (
-    "obligation_id",
-    "session_key",
-    "platform",
-    "chat_id",
-    "thread_id",
-    "content",
-    "needs_marker",
-    "attempts",
-    "reply_to",
-    "media",
-    "metadata",
-)
-
 
 class RecoverySweep(Protocol):
     def __call__(

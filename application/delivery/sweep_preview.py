@@ -13,23 +13,18 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from uuid import UUID
 
 import attrs
 
+from gateway_ledger.application.delivery.ledger_ports import LedgerPort, LivenessPolicy, Loaded
 from gateway_ledger.application.delivery.recovery import (
-    LivenessPolicy,
-    LocalLiveness,
     RecoverySweep,
     SweepDecision,
     SweepResult,
 )
 from gateway_ledger.domain.values import OwnerIdentity, require_aware
-from gateway_ledger.infrastructure.eventstore.bulk_events import Loaded
-
-if TYPE_CHECKING:
-    from gateway_ledger.application.delivery.ledger import DeliveryLedger
 
 
 @attrs.frozen
@@ -95,14 +90,14 @@ class _PreviewSweep(RecoverySweep):
 
 
 def preview_sweep(
-    ledger: DeliveryLedger,
+    ledger: LedgerPort,
     now: datetime | None = None,
     *,
     deliverable_platforms: Collection[str] | None = None,
     liveness: LivenessPolicy | None = None,
 ) -> SweepPreview:
     moment = require_aware("now", now if now is not None else ledger.clock())
-    sweep = _PreviewSweep(ledger, moment, deliverable_platforms, liveness or LocalLiveness())
+    sweep = _PreviewSweep(ledger, moment, deliverable_platforms, liveness or ledger.liveness)
     result, _ = sweep.run()
     return SweepPreview(result=result, actions=tuple(sweep.actions))
 
@@ -153,7 +148,7 @@ class _AbandonOnlySweep(RecoverySweep):
 
 
 def abandon_stale(
-    ledger: DeliveryLedger,
+    ledger: LedgerPort,
     now: datetime | None = None,
     *,
     deliverable_platforms: Collection[str] | None = None,
@@ -162,7 +157,7 @@ def abandon_stale(
     """Abandon the orphans the sweep would abandon (stale, or over ``max_attempts``) and
     claim nothing: what a gateway's sweep would claim is listed, left for it to send."""
     moment = require_aware("now", now if now is not None else ledger.clock())
-    sweep = _AbandonOnlySweep(ledger, moment, deliverable_platforms, liveness or LocalLiveness())
+    sweep = _AbandonOnlySweep(ledger, moment, deliverable_platforms, liveness or ledger.liveness)
     result, won = sweep.run()
     assert not won, "an abandon-only sweep never claims"
     return AbandonReport(

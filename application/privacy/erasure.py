@@ -13,45 +13,37 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from uuid import UUID, uuid4
 
 import attrs
 import orjson
 from eventsourcing.application import AggregateNotFoundError
-from eventsourcing.persistence import IntegrityError, PersistenceError
+from eventsourcing.persistence import IntegrityError
 
-from gateway_ledger.domain.delivery.obligation import DeliveryObligation
-from gateway_ledger.domain.errors import InvalidInput, UndecodableEvent
-from gateway_ledger.domain.privacy.erasure import Erasure
-from gateway_ledger.domain.sessions.route import InboundMessage, SessionKeying, SessionRoute
-from gateway_ledger.domain.sessions.session import Session
-from gateway_ledger.domain.sessions.source import PERSONAL_FIELDS, TRUST_FLAGS
-from gateway_ledger.domain.values import AbandonReason, require_clear_text, require_text
-from gateway_ledger.infrastructure.eventstore.store import store_environment
-from gateway_ledger.infrastructure.privacy.private_mapper import (
-    ERASED,
+from gateway_ledger.application.privacy.policy import (
     InClear,
     PrivacyPolicy,
     SealedEvent,
     SealedSnapshot,
 )
-
-if TYPE_CHECKING:
-    from gateway_ledger.application.delivery.ledger import DeliveryLedger
-    from gateway_ledger.application.sessions.store import SessionStore
+from gateway_ledger.application.privacy.ports import ErasableLedger, ErasableSessions
+from gateway_ledger.domain.delivery.obligation import DeliveryObligation
+from gateway_ledger.domain.errors import UndecodableEvent
+from gateway_ledger.domain.privacy.erasure import Erasure
+from gateway_ledger.domain.sessions.route import InboundMessage, SessionKeying, SessionRoute
+from gateway_ledger.domain.sessions.session import Session
+from gateway_ledger.domain.sessions.source import PERSONAL_FIELDS, TRUST_FLAGS
+from gateway_ledger.domain.values import AbandonReason, require_clear_text, require_text
 
 log = logging.getLogger("gateway_ledger.privacy")
 
 __all__ = [
     "CLEANUP_PENDING_NOTE",
     "DELIVERY_PRIVACY",
-    "ERASED",
     "SESSION_PRIVACY",
     "ErasureReport",
-    "finish_erasure_cleanup",
-    "forget_session",
+    "forget_in_ledger",
 ]
 
 CLEANUP_PENDING_NOTE = (
@@ -183,11 +175,11 @@ class ErasureReport:
 
 
 def forget_in_ledger(
-    ledger: DeliveryLedger,
+    ledger: ErasableLedger,
     session_key: str,
     *,
     requested_by: str = "",
-    sessions: SessionStore | None = None,
+    sessions: ErasableSessions | None = None,
 ) -> ErasureReport:
     """Erase both halves of a session: its replies in ``ledger`` and, given the session
     store (``sessions``, in the same store or another), its conversations.
@@ -251,7 +243,7 @@ def forget_in_ledger(
     return report
 
 
-def obligations_of(ledger: DeliveryLedger, subject_id: str) -> list[UUID]:
+def obligations_of(ledger: ErasableLedger, subject_id: str) -> list[UUID]:
     """Every obligation recorded for the subject (found by its clear subject id)."""
     mapper = ledger.private_mapper
     needle = f'"s":"{subject_id}"'.encode()
@@ -264,7 +256,7 @@ def _is_obligation(event_class: type) -> bool:
     return event_class.__qualname__.startswith(DeliveryObligation.__qualname__ + ".")
 
 
-def _abandon_unresolved(ledger: DeliveryLedger, subject_id: str) -> list[str]:
+def _abandon_unresolved(ledger: ErasableLedger, subject_id: str) -> list[str]:
     abandoned: list[str] = []
     for aggregate_id in obligations_of(ledger, subject_id):
         for _ in range(_RETRIES):
@@ -292,7 +284,7 @@ def _abandon_unresolved(ledger: DeliveryLedger, subject_id: str) -> list[str]:
     return abandoned
 
 
-def is_erased(ledger: DeliveryLedger, aggregate_id: UUID) -> bool:
+def is_erased(ledger: ErasableLedger, aggregate_id: UUID) -> bool:
     """True when the obligation's personal data can no longer be opened (its key is gone).
 
     A recovery path checks this before sending: such an obligation is abandoned with
@@ -306,7 +298,7 @@ def is_erased(ledger: DeliveryLedger, aggregate_id: UUID) -> bool:
     return "k" in envelope and mapper.keyring.opening_key(envelope["s"], envelope["k"]) is None
 
 
-def erasures(ledger: DeliveryLedger) -> list[Erasure]:
+def erasures(ledger: ErasableLedger) -> list[Erasure]:
     """Every erasure recorded in this store, oldest first (for audits)."""
     from eventsourcing.utils import get_topic
 
@@ -324,79 +316,3 @@ def erasures(ledger: DeliveryLedger) -> list[Erasure]:
         start = batch[-1].id
         if len(batch) < 500:
             return found
-
-
-def open_sessions_for_erasure(location: str | Path, *, required: bool) -> SessionStore | None:
-    """The session store at ``location`` for erasure, or None if there is none there.
-
-    Opened without creating tables and without the keying check or secret: erasure
-    computes no key from a source, it is given the session key.
-    """
-    from gateway_ledger.application.sessions.store import SessionStore
-    from gateway_ledger.domain.sessions.route import SessionKeying
-
-    env = {**store_environment(location), "CREATE_TABLE": "n"}
-    store = SessionStore(env, raw_keys=True, keying_check=False)
-    try:
-        present = SessionKeying.create_id() in store.repository
-    except PersistenceError:
-        present = False  # no session tables in this store
-    if not present:
-        store.close()
-        if required:
-            raise InvalidInput(f"no session store at {location}")
-        return None
-    return store
-
-
-def forget_session(
-    location: str | Path,
-    session_key: str,
-    *,
-    requested_by: str = "",
-    sessions: str | Path | None = None,
-) -> ErasureReport:
-    """Erase a session's personal data: the delivery ledger at ``location`` (SQLite or
-    PostgreSQL) and the session store, which is looked for at ``location`` too (same file
-    or schema) unless ``sessions`` names where it lives."""
-    from gateway_ledger.application.delivery.ledger import DeliveryLedger
-
-    if not str(location):
-        raise InvalidInput("forget_session needs a store location")
-    session_store = open_sessions_for_erasure(
-        location if sessions is None else sessions, required=sessions is not None
-    )
-    ledger = DeliveryLedger.open(location)
-    try:
-        return forget_in_ledger(
-            ledger, session_key, requested_by=requested_by, sessions=session_store
-        )
-    finally:
-        ledger.close()
-        if session_store is not None:
-            session_store.close()
-
-
-def finish_erasure_cleanup(location: str | Path, *, sessions: str | Path | None = None) -> bool:
-    """Finish what earlier erasures left pending in the store at ``location`` (and in the
-    session store at ``sessions``, if it lives elsewhere): the WAL truncation on SQLite,
-    ``VACUUM FULL`` of the key table on PostgreSQL. True when nothing is pending any more.
-
-    Like the erasure, it waits about a second at most for a reader to let go, so it can
-    run from cron without holding the gateway's writers off (ADR 0028).
-    """
-    from gateway_ledger.application.delivery.ledger import DeliveryLedger
-
-    ledger = DeliveryLedger.open(location)
-    try:
-        done = ledger.private_mapper.keyring.table.finish_cleanup()
-    finally:
-        ledger.close()
-    if sessions is not None:
-        store = open_sessions_for_erasure(sessions, required=True)
-        assert store is not None
-        try:
-            done = store.private_mapper.keyring.table.finish_cleanup() and done
-        finally:
-            store.close()
-    return done

@@ -29,6 +29,7 @@ from eventsourcing.application import AggregateNotFoundError, Application
 from eventsourcing.domain import Aggregate
 from eventsourcing.persistence import IntegrityError, Transcoder, Transcoding
 
+from gateway_ledger.application.clock import Clock, system_clock
 from gateway_ledger.application.delivery.ledger import VALUE_OBJECTS
 from gateway_ledger.application.privacy.erasure import SESSION_PRIVACY
 from gateway_ledger.application.sessions.views import (
@@ -66,7 +67,6 @@ from gateway_ledger.domain.sessions.session import (
 )
 from gateway_ledger.domain.sessions.source import SessionSource
 from gateway_ledger.domain.values import require_aware, require_clear_text, require_text
-from gateway_ledger.infrastructure.clock import Clock, system_clock
 from gateway_ledger.infrastructure.eventstore.store import opening, store_environment
 from gateway_ledger.infrastructure.eventstore.transcoder import AttrsTranscoding, OrjsonTranscoder
 from gateway_ledger.infrastructure.privacy.private_files import replace_private_file

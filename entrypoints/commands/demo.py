@@ -7,7 +7,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.bootstrap import DeliveryLedger
 from gateway_ledger.domain.delivery.obligation import compute_obligation_id
 from gateway_ledger.entrypoints.console import Subcommands
 

@@ -15,11 +15,8 @@ import argparse
 import json
 import os
 
-from gateway_ledger.application.privacy.erasure import (
-    CLEANUP_PENDING_NOTE,
-    finish_erasure_cleanup,
-    forget_session,
-)
+from gateway_ledger.application.privacy.erasure import CLEANUP_PENDING_NOTE
+from gateway_ledger.bootstrap import finish_erasure_cleanup, forget_session
 from gateway_ledger.entrypoints.console import Subcommands, usage_error
 from gateway_ledger.infrastructure.eventstore.store import existing_store_environment
 

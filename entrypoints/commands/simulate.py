@@ -6,7 +6,7 @@ SIGKILL at random moments and restarted, while extra gateways sweep the same sto
 report is counted from the ledger and from what the platforms actually received.
 
 ``--faults`` adds a poisoned store, erasures mid-run and, on PostgreSQL, a gateway paused
-past its lease (``infrastructure/simulation/faults.py``); the verdict then also needs
+past its lease (``entrypoints/simulation/faults.py``); the verdict then also needs
 no erased placeholder sent and every obligation accounted for.
 """
 
@@ -17,8 +17,8 @@ import json
 import sys
 
 from gateway_ledger.entrypoints.console import Subcommands
-from gateway_ledger.infrastructure.simulation.driver import Report, Simulation, SimulationConfig
-from gateway_ledger.infrastructure.simulation.faults import FaultReport
+from gateway_ledger.entrypoints.simulation.driver import Simulation
+from gateway_ledger.entrypoints.simulation.report import FaultReport, Report, SimulationConfig
 
 
 def register(subparsers: Subcommands) -> None:

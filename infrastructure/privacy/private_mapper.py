@@ -43,6 +43,7 @@ from eventsourcing.persistence import (
 )
 from eventsourcing.utils import TopicError, get_topic, resolve_topic
 
+from gateway_ledger.application.privacy.policy import PrivacyPolicy, SealedEvent
 from gateway_ledger.domain.errors import UndecodableEvent
 from gateway_ledger.domain.values import QuarantineReason
 from gateway_ledger.infrastructure.eventstore.keyed_recorder import (
@@ -183,115 +184,6 @@ def _fields_of(cls: type) -> frozenset[str]:
         fields = dataclasses.fields(cls) if dataclasses.is_dataclass(cls) else ()
         allowed = _SHAPES[cls] = frozenset(f.name for f in fields)
     return allowed
-
-
-@attrs.frozen
-class SealedEvent:
-    """One event type's personal fields (``a`` or ``a.b`` for an attrs value's field).
-
-    ``subject_from`` names the field that holds the session key on an aggregate's first
-    event; later events of the aggregate inherit its subject. ``state_free``: the
-    aggregate keeps none of these fields in its state (a transcript message), so loading
-    the aggregate need not decrypt them (see ``PrivateMapper.state_only``). ``clear``:
-    the event's other fields, stored in clear on purpose (a field in neither list fails
-    the policy's completeness test, so a new field cannot slip through unsealed).
-    """
-
-    event: type
-    fields: tuple[str, ...]
-    subject_from: str | None = None
-    state_free: bool = False
-    clear: tuple[str, ...] = ()
-
-    @property
-    def topic(self) -> str:
-        return get_topic(self.event)
-
-
-@attrs.frozen
-class InClear:
-    """An event type that carries no personal data, and the fields it stores in clear.
-
-    Declared like a :class:`SealedEvent`, so that every event type of an application is
-    in its policy one way or the other (``PrivacyPolicy.unclassified``)."""
-
-    event: type
-    clear: tuple[str, ...] = ()
-
-    @property
-    def topic(self) -> str:
-        return get_topic(self.event)
-
-
-EVENT_BASE_FIELDS = frozenset(
-    {"originator_id", "originator_version", "timestamp", "originator_topic"}
-)
-"""Fields every stored event has: ids, version, time, aggregate type; never personal."""
-
-
-@attrs.frozen
-class SealedSnapshot:
-    """The personal attributes of an aggregate's state, sealed in its snapshots.
-
-    A snapshot is a copy of state that events put there, so it holds the same personal
-    data as they do; after erasure it shows the same placeholders as a replay would.
-    """
-
-    aggregate: type
-    fields: tuple[str, ...]
-
-    @property
-    def topic(self) -> str:
-        return get_topic(self.aggregate)
-
-
-class PrivacyPolicy:
-    """Which events carry personal data, and where; the rest is stored as is."""
-
-    def __init__(self, *events: SealedEvent | SealedSnapshot | InClear) -> None:
-        self.events = tuple(e for e in events if isinstance(e, SealedEvent))
-        self.snapshots = tuple(e for e in events if isinstance(e, SealedSnapshot))
-        self.in_clear = tuple(e for e in events if isinstance(e, InClear))
-        self.by_topic: dict[str, SealedEvent] = {e.topic: e for e in self.events}
-        self.snapshot_by_topic: dict[str, SealedSnapshot] = {s.topic: s for s in self.snapshots}
-        self.clear_by_topic: dict[str, InClear] = {e.topic: e for e in self.in_clear}
-
-    def extended(self, *events: SealedEvent | SealedSnapshot | InClear) -> PrivacyPolicy:
-        return PrivacyPolicy(*self.events, *self.snapshots, *self.in_clear, *events)
-
-    def declares(self, event_class: type) -> bool:
-        """Whether the policy says, one way or the other, what this event type holds."""
-        topic = get_topic(event_class)
-        return topic in self.by_topic or topic in self.clear_by_topic
-
-    def unclassified(self, event: Any) -> list[str]:
-        """The fields of a domain event that the policy neither seals nor declares clear
-        (``a.b`` for a field of an attrs value of which only some fields are declared).
-        An undeclared event type has all its fields unclassified."""
-        topic = get_topic(type(event))
-        sealed = self.by_topic.get(topic)
-        declared = set(sealed.fields + sealed.clear) if sealed is not None else set()
-        clear = self.clear_by_topic.get(topic)
-        if clear is not None:
-            declared |= set(clear.clear)
-        missing: list[str] = []
-        for name, value in vars(event).items():
-            if name in EVENT_BASE_FIELDS or name in declared:
-                continue
-            nested = {p for p in declared if p.startswith(name + ".")}
-            if nested and attrs.has(type(value)):
-                missing += [
-                    f"{name}.{f.name}"
-                    for f in attrs.fields(type(value))
-                    if f"{name}.{f.name}" not in nested
-                ]
-            else:
-                missing.append(name)
-        return missing
-
-    @property
-    def subject_topics(self) -> list[str]:
-        return [e.topic for e in self.events if e.subject_from]
 
 
 def placeholder(value: Any) -> Any:

@@ -1,6 +1,6 @@
 """One gateway process of a simulation (or of the end-to-end test): really killable.
 
-``python -m gateway_ledger.infrastructure.simulation.worker SPEC ROLE INDEX``
+``python -m gateway_ledger.entrypoints.simulation.worker SPEC ROLE INDEX``
 
 - role ``worker``: start (the boot sweep), then run its conversations (turns in order,
   conversations concurrently), wait for runtime retries, touch ``done-INDEX``, exit 0.
@@ -24,12 +24,12 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from gateway_ledger.application.delivery.gateway import Gateway
 from gateway_ledger.application.delivery.ports import Reply, ReplyContext
 from gateway_ledger.application.delivery.scheduling import AsyncioScheduler
+from gateway_ledger.bootstrap import Gateway
 from gateway_ledger.domain.values import LedgerPolicy, MediaItem
-from gateway_ledger.infrastructure.simulation.platform import PlatformBehaviour, SimulatedPlatform
-from gateway_ledger.infrastructure.simulation.workload import Turn
+from gateway_ledger.entrypoints.simulation.platform import PlatformBehaviour, SimulatedPlatform
+from gateway_ledger.entrypoints.simulation.workload import Turn
 
 TIME_SCALE = 0.01
 """Simulated waits are 1/100 of real ones: backoff 30 s -> 0.3 s, 120 s -> 1.2 s."""

@@ -11,7 +11,7 @@ from typing import Any
 
 import attrs
 
-from gateway_ledger.infrastructure.simulation.platform import PlatformBehaviour
+from gateway_ledger.entrypoints.simulation.platform import PlatformBehaviour
 
 CHUNK = 48
 """Replies longer than this are sent in chunks: multi-part obligations."""

@@ -19,90 +19,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import attrs
-
-from gateway_ledger.application.delivery.ledger import DeliveryLedger
 from gateway_ledger.application.delivery.ports import DUPLICATE_NOTICE
+from gateway_ledger.bootstrap import DeliveryLedger
 from gateway_ledger.domain.delivery.obligation import compute_obligation_id
 from gateway_ledger.domain.errors import NotFound
-from gateway_ledger.infrastructure.simulation.faults import (
-    LEASE_ENV,
-    FaultPlan,
-    FaultReport,
-    tally,
-)
-from gateway_ledger.infrastructure.simulation.platform import (
+from gateway_ledger.entrypoints.simulation.faults import LEASE_ENV, FaultPlan, tally
+from gateway_ledger.entrypoints.simulation.platform import (
     Received,
     count_deduplicated,
     read_journal,
 )
-from gateway_ledger.infrastructure.simulation.workload import Turn, build_turns, default_platforms
+from gateway_ledger.entrypoints.simulation.report import FaultReport, Report, SimulationConfig
+from gateway_ledger.entrypoints.simulation.workload import Turn, build_turns, default_platforms
 
-WORKER_MODULE = "gateway_ledger.infrastructure.simulation.worker"
-
-
-@attrs.frozen
-class SimulationConfig:
-    seed: int = 1
-    conversations: int = 120
-    turns: int = 4
-    workers: int = 3
-    kills: int = 8
-    db: str | None = None
-    faults: bool = False
-
-
-@attrs.define
-class Report:
-    seed: int
-    obligations: int = 0
-    delivered: int = 0
-    delivered_first_time: int = 0
-    redelivered_with_marker: int = 0
-    redelivered_plain: int = 0
-    deduplicated_by_platform: int = 0
-    abandoned: dict[str, int] = attrs.field(factory=dict)
-    unresolved: int = 0
-    lost: int = 0
-    unlabelled_duplicates: int = 0
-    audit_problems: dict[str, int] = attrs.field(factory=dict)
-    """What ``audit duplicates`` finds in the ledger's own history (ADR 0011): the
-    ledger's account, to set beside what the platforms received."""
-    audit_labelled_duplicates: int = 0
-    messages_received: int = 0
-    kills: int = 0
-    restarts: int = 0
-    sweeper_runs: int = 0
-    ledger_faults: int = 0
-    gateway_failures: int = 0
-    seconds: float = 0.0
-    obligations_per_second: float = 0.0
-    db: str = ""
-    faults: FaultReport | None = None
-
-    @property
-    def unexplained_audit_problems(self) -> int:
-        explained = self.faults.audit_explained if self.faults is not None else {}
-        return sum(self.audit_problems.values()) - sum(explained.values())
-
-    @property
-    def ok(self) -> bool:
-        return (
-            self.lost == 0
-            and self.unlabelled_duplicates == 0
-            and self.unexplained_audit_problems == 0
-            and self.unresolved == 0
-            and self.gateway_failures == 0
-            and (self.faults is None or self.faults.ok)
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        d = attrs.asdict(self)
-        faults = d.pop("faults")
-        if faults is not None:  # a --faults run: its figures sit beside the others
-            d.update(faults)
-        d["ok"] = self.ok
-        return d
+WORKER_MODULE = "gateway_ledger.entrypoints.simulation.worker"
 
 
 class Simulation:

@@ -1,6 +1,10 @@
-"""Liveness across hosts: an owner is alive while its lease is, and (here) while its pid is.
+"""Who may still be working on an obligation: the sweep's liveness policies (ADR 0005, 0010).
 
-The rule (ADR 0010), for the owner recorded on an unresolved obligation:
+``LocalLiveness`` judges by ``/proc`` alone (one host, SQLite's default);
+``LeaseLiveness`` adds leases across hosts. Both are the application's ``LivenessPolicy``
+port (``application/delivery/ledger_ports.py``); ``bootstrap.py`` picks one per ledger.
+
+The lease rule (ADR 0010), for the owner recorded on an unresolved obligation:
 
 - on this host (same host name and boot): dead when its process is gone (``/proc``, ADR
   0005), even if its lease has not run out yet; dead when its lease expired beyond the
@@ -32,8 +36,24 @@ def this_host() -> str:
 
 
 @attrs.frozen
+class LocalLiveness:
+    """Liveness as one host can judge it: /proc for local owners, alive for the rest.
+
+    An owner on another host cannot be judged from here; without leases it is taken as
+    alive, so a sweep never steals work from a gateway it cannot see.
+    """
+
+    host: str = attrs.field(factory=lambda: configured_host() or socket.gethostname())
+
+    def __call__(self, owner: OwnerIdentity) -> bool:
+        if owner.host != self.host:
+            return True
+        return is_alive_locally(owner)
+
+
+@attrs.frozen
 class LeaseLiveness:
-    """A :data:`~gateway_ledger.application.delivery.recovery.LivenessPolicy` judged by leases."""
+    """The ``LivenessPolicy`` port (``ledger_ports.py``) judged by leases."""
 
     table: LeaseTable
     clock_skew: float = 2.0

@@ -29,7 +29,8 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 from uuid import UUID
 
 import attrs
@@ -38,18 +39,16 @@ from eventsourcing.utils import get_topic
 
 from gateway_ledger.application.delivery.ports import DUPLICATE_NOTICE
 from gateway_ledger.application.delivery.views import HistoryEntry, ObligationStatus
-from gateway_ledger.application.privacy.erasure import ERASED, forget_session
+from gateway_ledger.bootstrap import DeliveryLedger, forget_session
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation, obligation_uuid
 from gateway_ledger.domain.errors import NotFound
+from gateway_ledger.entrypoints.simulation.platform import Received
+from gateway_ledger.entrypoints.simulation.report import Report, SimulationConfig
+from gateway_ledger.entrypoints.simulation.worker import forgotten_marker
+from gateway_ledger.entrypoints.simulation.workload import Turn
 from gateway_ledger.infrastructure.eventstore.postgres import connect, parse_postgres_url
 from gateway_ledger.infrastructure.eventstore.store import is_postgres_url
-from gateway_ledger.infrastructure.simulation.platform import Received
-from gateway_ledger.infrastructure.simulation.worker import forgotten_marker
-from gateway_ledger.infrastructure.simulation.workload import Turn
-
-if TYPE_CHECKING:
-    from gateway_ledger.application.delivery.ledger import DeliveryLedger
-    from gateway_ledger.infrastructure.simulation.driver import Simulation
+from gateway_ledger.infrastructure.privacy.private_mapper import ERASED
 
 OBLIGATION_TOPIC = get_topic(DeliveryObligation)
 DELIVERED_TOPIC = f"{OBLIGATION_TOPIC}.Delivered"
@@ -350,77 +349,6 @@ class Pause:
     resumed_at: float | None = None
 
 
-@attrs.define
-class FaultReport:
-    """What the planted faults did to what users got (``simulate --faults``)."""
-
-    poisoned: int = 0
-    poisoned_ids: list[str] = attrs.field(factory=list)
-    poisoned_events: list[dict[str, Any]] = attrs.field(factory=list)
-    poisoned_when: str = ""
-    """At which kill the poison was planted (the restart and a sweeper then read it)."""
-    poisoned_resent: int = 0
-    """Messages users received for a poisoned obligation after it was poisoned (it had
-    been delivered already): must be 0."""
-    quarantined: int = 0
-    quarantined_ids: list[str] = attrs.field(factory=list)
-    quarantined_source: str = ""
-    quarantined_unplanted: int = 0
-    """Quarantined obligations that were not poisoned: replies the ledger could not read
-    back although nothing damaged them."""
-    forgotten: int = 0
-    forgotten_in_flight: int = 0
-    """Replies of the forgotten sessions recorded and unresolved when erasure began."""
-    forgotten_turns_unrecorded: int = 0
-    """Turns of a forgotten conversation that never became an obligation: not asked after
-    the erasure, or refused under its destroyed key. Not owed, so not lost."""
-    recorded_after_erasure: int = 0
-    """Obligations of a forgotten session recorded after its erasure returned: written
-    under a destroyed key (a gateway still had it cached). Reported, not judged: what
-    matters to users is whether such a reply is sent as a placeholder (``erased_sent``)."""
-    forget_errors: list[str] = attrs.field(factory=list)
-    forget_seconds: list[float] = attrs.field(factory=list)
-    """How long each erasure took (while it runs, other gateways' writes may wait)."""
-    erased_sent: int = 0
-    """Messages that carried the erased placeholder, or that a gateway took from the
-    store after the session's erasure and sent to its chat: must be 0."""
-    erased_sent_placeholder: int = 0
-    erased_sent_after_forget: int = 0
-    erased_abandoned: int = 0
-    paused: int = 0
-    paused_seconds: float = 0.0
-    paused_in_flight: int = 0
-    pause_tries_in_transaction: int = 0
-    """Pauses undone at once because the stopped gateway was inside a write transaction
-    (holding locks that stall every writer of the store while it is stopped)."""
-    paused_claimed: int = 0
-    """Obligations another gateway claimed from the paused one."""
-    paused_late_results: int = 0
-    """Results the paused gateway reported after it was resumed, recorded as late."""
-    late_results: int = 0
-    unaccounted: int = 0
-    """Recorded obligations that ended neither delivered, abandoned with a reason, nor
-    quarantined."""
-    unaccounted_ids: list[str] = attrs.field(factory=list)
-    audit_explained: dict[str, int] = attrs.field(factory=dict)
-    """Audit findings the planted faults explain: on a poisoned obligation, and the
-    late result and displaced-but-alive owner of the paused gateway's claimed replies."""
-    poisoned_reported_by_audit: int = 0
-    """Poisoned obligations the duplicate audit names in a finding (reported, not judged)."""
-    audit_error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return (
-            self.erased_sent == 0
-            and self.unaccounted == 0
-            and self.poisoned_resent == 0
-            and self.quarantined_unplanted == 0
-            and not self.forget_errors
-            and self.audit_error is None
-        )
-
-
 Parts = Sequence[Sequence[Received]]
 """The copies users received of each part of one reply, in part order."""
 
@@ -439,6 +367,30 @@ def tally(parts: Parts) -> tuple[bool, bool, int]:
     return missing, marked, unlabelled
 
 
+class SimulationRun(Protocol):
+    """What the fault plan uses of the running simulation (``driver.Simulation``)."""
+
+    config: SimulationConfig
+    report: Report
+    db: str
+    rng: random.Random
+    run_dir: Path
+    turns: list[Turn]
+    workers: dict[int, subprocess.Popen[bytes]]
+
+    def oid(self, turn: Turn) -> str: ...
+
+    def journals(self) -> dict[tuple[str, str, str], list[Received]]: ...
+
+    def spawn(self, role: str, index: int) -> subprocess.Popen[bytes]: ...
+
+    def reap(self, procs: list[subprocess.Popen[bytes]]) -> None: ...
+
+    def done(self, index: int) -> bool: ...
+
+    def started_for(self, index: int) -> float: ...
+
+
 class FaultPlan:
     """Plants the faults during one simulation run and counts what they did.
 
@@ -449,7 +401,7 @@ class FaultPlan:
     the driver's loop once the kills are spent, or before the closing sweeps at the latest.
     """
 
-    def __init__(self, sim: Simulation) -> None:
+    def __init__(self, sim: SimulationRun) -> None:
         self.sim = sim
         report = sim.report.faults
         assert report is not None, "a FaultPlan reports into the run's FaultReport"
@@ -524,8 +476,6 @@ class FaultPlan:
 
     @property
     def ledger(self) -> DeliveryLedger:
-        from gateway_ledger.application.delivery.ledger import DeliveryLedger
-
         if self._ledger is None:
             self._ledger = DeliveryLedger.open(self.sim.db)
         return self._ledger

@@ -1,0 +1,780 @@
+"""One reply's flight: record it, send each part, settle it, retry it.
+
+The gateway (``gateway.py``) starts and stops; everything between a reply handed to
+``deliver`` (or claimed by the boot sweep) and its settled obligation happens here, in a
+:class:`Courier`: the record and ``Attempting`` as one durable point, the ownership
+check before each hand-off (ADR 0032), each part sent and acknowledged in order, the
+result written behind the send (ADR 0016), a failure settled and its retry scheduled,
+a result that lost to a claim reported late (ADR 0010). A ledger fault never stops a
+reply: it is logged with ids, counted, and the send goes ahead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import attrs
+
+from gateway_ledger.application.delivery.deadlines import Deadlines
+from gateway_ledger.application.delivery.late_results import record_results, results_of
+from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.application.delivery.ledger_ports import EventWriter, Written
+from gateway_ledger.application.delivery.ports import (
+    PlatformAdapter,
+    Reply,
+    ReplyContext,
+    SendResult,
+    render_duplicate_notice,
+)
+from gateway_ledger.application.delivery.recovery import load_for_sending
+from gateway_ledger.application.delivery.scheduling import Scheduler
+from gateway_ledger.domain.delivery.obligation import DeliveryObligation, compute_obligation_id
+from gateway_ledger.domain.errors import (
+    ConcurrentUpdate,
+    ConflictingRecord,
+    LedgerError,
+    NotFound,
+    SessionErased,
+)
+from gateway_ledger.domain.values import (
+    AbandonReason,
+    DeliveryTarget,
+    ErrorClass,
+    LedgerPolicy,
+    MediaItem,
+    ObligationState,
+    OwnerIdentity,
+    SendGuard,
+    send_guard,
+)
+
+log = logging.getLogger("gateway_ledger.gateway")
+
+DEFAULT_RATE_LIMIT_WAIT = 1.0
+"""When a platform says 429 without retry_after."""
+
+
+@attrs.frozen
+class OutgoingPart:
+    index: int
+    text: str
+    media: MediaItem | None = None
+
+
+def _guard_for(adapter: PlatformAdapter, may_have_arrived: bool) -> SendGuard:
+    """The guard of a send through ``adapter``: its native key, or the marker if needed."""
+    native = bool(getattr(adapter, "supports_idempotency", False))
+    return send_guard(may_have_arrived=may_have_arrived, native_idempotency=native)
+
+
+def outgoing_parts(agg: DeliveryObligation) -> list[OutgoingPart]:
+    """Text chunks (or the whole content) first, then one part per media item."""
+    texts = list(agg.parts) if agg.parts else ([agg.content] if agg.content else [])
+    parts = [OutgoingPart(i, t) for i, t in enumerate(texts)]
+    parts += [OutgoingPart(len(texts) + i, m.caption or "", m) for i, m in enumerate(agg.media)]
+    return parts
+
+
+@attrs.frozen
+class DeliveryOutcome:
+    """What ``deliver`` did. ``status``: delivered, failed (a retry is scheduled or the
+    boot sweep owns it), abandoned, skipped (``skip_reason``), already_recorded (the same
+    turn's reply is owed or done: nothing sent), queued (no adapter connected),
+    superseded (another gateway claimed it mid-send: this one stopped sending), erased
+    (the session was forgotten while the reply was on its way: neither recorded nor sent,
+    or no more of it sent; ADR 0028), or unsendable (recovery found it unreadable:
+    quarantined, never sent; ADR 0027)."""
+
+    status: str
+    obligation_id: str | None = None
+    message_ids: tuple[str, ...] = ()
+    error_class: str | None = None
+    skip_reason: str | None = None
+    ledger_fault: bool = False
+    retry_in: float | None = None
+
+
+OWNER_PROVEN = "proven"
+OWNER_SUPERSEDED = "superseded"
+OWNER_UNPROVEN = "unproven"
+
+
+@attrs.define
+class Counters:
+    delivered: int = 0
+    failed: int = 0
+    abandoned: int = 0
+    skipped: int = 0
+    already_recorded: int = 0
+    ledger_faults: int = 0
+    recovered: int = 0
+    retries_scheduled: int = 0
+    rate_limit_waits: int = 0
+    late_results: int = 0
+    untracked: int = 0
+    erased: int = 0
+
+
+@attrs.define
+class Flight:
+    """One obligation this gateway is sending, with its live aggregate."""
+
+    agg: DeliveryObligation
+    adapter: PlatformAdapter
+    tracked: bool = True
+    conflicted: bool = False
+    erased: bool = False
+    """Its session was forgotten while it was on its way: nothing more is sent."""
+    last_write: Written | None = None
+    runtime_retries: int = 0
+    guard: SendGuard = SendGuard.NONE
+    """What the next send does against an unannounced duplicate (recorded in Attempting)."""
+    lease_epoch: int = 0
+    """The heartbeat's lapse count when this gateway last proved it owns the obligation."""
+    unproven: bool = False
+    """A write of it timed out or failed: ownership is unproven until a write lands or a
+    re-check against the store says so (ADR 0032)."""
+    record_unconfirmed: bool = False
+    """Its record timed out: the id may have been recorded before, by a gateway that
+    delivered the same turn (a restart re-runs it), and then it is not sent again."""
+
+    @property
+    def oid(self) -> str:
+        return self.agg.obligation_id
+
+
+class Courier:
+    """Carries replies from their record to a settled obligation, one :class:`Flight`
+    each. Owned by a ``Gateway``, which shares its connected ``adapters`` with it."""
+
+    def __init__(
+        self,
+        ledger: DeliveryLedger,
+        writer: EventWriter,
+        scheduler: Scheduler,
+        *,
+        adapters: dict[str, PlatformAdapter],
+        command_prefixes: Sequence[str],
+        ledger_deadline: float,
+        write_behind: bool,
+    ) -> None:
+        self.ledger = ledger
+        self.writer = writer
+        self.scheduler = scheduler
+        self.adapters = adapters
+        self.command_prefixes = tuple(command_prefixes)
+        self.deadlines = Deadlines(ledger_deadline)
+        self.write_behind = write_behind
+        """Write ``Delivered`` behind the send instead of waiting for it (ADR 0016)."""
+        self.counters = Counters()
+        self.background: set[asyncio.Task[None]] = set()
+        """Late-result reports running detached (``flush`` waits for them)."""
+
+    @property
+    def ledger_deadline(self) -> float:
+        return self.deadlines.seconds
+
+    @property
+    def owner(self) -> OwnerIdentity:
+        return self.ledger.owner
+
+    @property
+    def policy(self) -> LedgerPolicy:
+        return self.ledger.policy
+
+    def _now(self) -> datetime:
+        return self.ledger.clock()
+
+    async def settle_background(self) -> None:
+        """Wait for the late-result reports still running."""
+        while self.background:
+            await asyncio.gather(*self.background, return_exceptions=True)
+
+    def close(self) -> None:
+        self.deadlines.close()
+
+    def skip_reason(self, context: ReplyContext, reply: Reply) -> str | None:
+        if (not reply.content or reply.content.isspace()) and not reply.media:
+            return "empty"
+        if reply.ephemeral:
+            return "ephemeral"
+        inbound = (context.inbound_text or "").lstrip()
+        if inbound.startswith("/"):
+            return "slash_command"
+        if any(inbound.startswith(p) for p in self.command_prefixes if p != "/"):
+            return "command_prefix"
+        return None
+
+    async def deliver(
+        self, context: ReplyContext, reply: Reply, inbound_message_id: str | None = None
+    ) -> DeliveryOutcome:
+        """The only way a final reply leaves the gateway."""
+        reason = self.skip_reason(context, reply)
+        if reason is not None:
+            return await self._send_unrecorded(context, reply, inbound_message_id, reason)
+        oid = compute_obligation_id(context.session_key, inbound_message_id or "", reply.content)
+        adapter = self.adapters.get(context.platform)
+        # A new reply: nothing of it can have arrived yet.
+        guard = SendGuard.NONE if adapter is None else _guard_for(adapter, False)
+        try:
+            agg = self.ledger.new_obligation(
+                obligation_id=oid,
+                session_key=context.session_key,
+                platform=context.platform,
+                chat_id=context.chat_id,
+                thread_id=context.thread_id,
+                content=reply.content,
+                reply_to=inbound_message_id,
+                media=reply.media,
+                metadata=reply.metadata,
+                parts=reply.parts,
+            )
+            if adapter is not None:
+                agg.start_attempt(by=self.owner, now=self._now(), guard=guard)
+        except LedgerError as e:
+            # Refused input is a ledger fault toward the gateway: the reply still goes out.
+            self.fault(oid, "record", e)
+            if adapter is None:
+                return DeliveryOutcome(status="failed", obligation_id=oid, ledger_fault=True)
+            return await self._send_untracked(oid, context, reply, inbound_message_id, adapter)
+
+        def record_failed(error: BaseException) -> None:
+            self._record_failed(oid, waiter, error)
+
+        epoch = self.lease_epoch()
+        future, waiter = self.writer.submit_waiting(
+            agg.collect_events(), label=oid, on_error=record_failed
+        )
+        fault = False
+        try:
+            await self._durable(waiter)
+        except ConcurrentUpdate:
+            if await self._already_recorded(agg):
+                return DeliveryOutcome(status="already_recorded", obligation_id=oid)
+            if adapter is None:
+                return DeliveryOutcome(status="failed", obligation_id=oid, ledger_fault=True)
+            return await self._send_untracked(oid, context, reply, inbound_message_id, adapter)
+        except SessionErased:
+            return self._erased(oid, "record")
+        except Exception as e:
+            self.fault(oid, "record", e)
+            fault = True
+        if fault and future.done():
+            self.counters.untracked += 1  # its record failed: nothing will recover it
+        if adapter is None:
+            log.info("obligation %s queued: platform %s not connected", oid, context.platform)
+            return DeliveryOutcome(status="queued", obligation_id=oid, ledger_fault=fault)
+        # After a timeout the commit may still land: later writes are chained after it.
+        # A record that timed out may yet conflict with an earlier record of the same
+        # turn: that is proven or disproven before the first hand-off (ADR 0032).
+        timed_out = fault and not future.done()
+        flight = Flight(
+            agg=agg,
+            adapter=adapter,
+            tracked=not future.done() or not fault,
+            guard=guard,
+            lease_epoch=epoch,
+            unproven=timed_out,
+            record_unconfirmed=timed_out,
+        )
+        flight.last_write = future
+        return await self._send(flight)
+
+    async def _durable(self, waiter: asyncio.Future[None]) -> None:
+        """Wait for a write, at most ``ledger_deadline``; the write itself goes on regardless."""
+        self.deadlines.watch(waiter)
+        await waiter
+
+    def _erased(self, oid: str, stage: str) -> DeliveryOutcome:
+        """The session was forgotten while this reply was on its way (ADR 0028).
+
+        The user asked to be forgotten, and this reply was made from the conversation that
+        was erased: it is not sent, as the erasure abandons every reply still owed. Nor is
+        it recorded: there is no key left to seal it with, and clear text is what the
+        erasure removed. Not a ledger fault: the ledger did what it must.
+        """
+        self.counters.erased += 1
+        log.info("obligation %s not sent: its session was erased (%s)", oid, stage)
+        return DeliveryOutcome(status="erased", obligation_id=oid)
+
+    def _record_failed(self, oid: str, waiter: asyncio.Future[None], error: BaseException) -> None:
+        """On the loop: a reply's record write failed. Within the deadline ``deliver`` saw
+        it and counted it; after the deadline the reply went on as if tracked, so the
+        failure is counted here (a ledger fault, and an untracked reply unless the id was
+        recorded by another writer meanwhile)."""
+        if waiter.cancelled() or not waiter.done():
+            return
+        if not isinstance(waiter.exception(), TimeoutError):
+            return
+        self.fault(oid, "record after the deadline", error)
+        if not isinstance(error, ConcurrentUpdate):
+            self.counters.untracked += 1
+
+    async def _already_recorded(self, agg: DeliveryObligation) -> bool:
+        """The id is recorded already. True when it is the same record: that reply is owed
+        or done, and it is not sent again. False when it is another reply under the same
+        id (ConflictingRecord: a caller's bug): a ledger fault, and the caller sends this
+        reply untracked, since a ledger fault never keeps a reply from the user."""
+        oid = agg.obligation_id
+        try:
+            await self.writer.call(self.ledger.check_same_record, agg)
+        except ConflictingRecord as e:
+            self.fault(oid, "record", e)
+            return False
+        except Exception as e:
+            self.fault(oid, "load", e)
+        self.counters.already_recorded += 1
+        log.info("obligation %s already recorded: not sent again", oid)
+        return True
+
+    async def _write(self, flight: Flight, stage: str) -> bool:
+        """Save the flight's pending events; False (and a counted fault) if they did not land."""
+        events = flight.agg.collect_events()
+        if not flight.tracked:
+            return False
+        epoch = self.lease_epoch()
+        future, waiter = self.writer.submit_waiting(
+            events, label=flight.oid, after=flight.last_write
+        )
+        flight.last_write = future
+        try:
+            await self._durable(waiter)
+        except ConcurrentUpdate:
+            # Another writer (an operator, a sweep) changed it: its history now decides.
+            log.info("obligation %s: %s lost to a concurrent writer", flight.oid, stage)
+            flight.tracked = False
+            flight.conflicted = True
+            await self._report_late(flight, events)
+            return False
+        except SessionErased:
+            log.info("obligation %s: %s refused, its session was erased", flight.oid, stage)
+            flight.tracked = False
+            flight.erased = True
+            return False
+        except Exception as e:
+            self.fault(flight.oid, stage, e)
+            flight.unproven = True  # it may have lost to a claim: prove it before sending
+            if not isinstance(e, TimeoutError):
+                flight.tracked = False
+            return False
+        # Landed after everything before it: no claim came in between (optimistic check).
+        flight.lease_epoch, flight.unproven, flight.record_unconfirmed = epoch, False, False
+        return True
+
+    def _write_later(self, flight: Flight, stage: str) -> None:
+        """Save the flight's pending events without waiting: the reply is out already, and
+        the next group commit carries them (ADR 0016). How the write ended is handled when
+        it lands: a lost race still records the result as late, a failure is a fault."""
+        events = flight.agg.collect_events()
+        if not flight.tracked:
+            return
+        flight.last_write = self.writer.submit_behind(
+            events,
+            label=flight.oid,
+            after=flight.last_write,
+            on_error=lambda error: self._not_landed(flight, stage, events, error),
+        )
+
+    def _not_landed(
+        self, flight: Flight, stage: str, events: Sequence[Any], error: BaseException
+    ) -> None:
+        """On the loop: a write behind the send did not land."""
+        flight.tracked = False
+        if isinstance(error, ConcurrentUpdate):
+            log.info("obligation %s: %s lost to a concurrent writer", flight.oid, stage)
+            flight.conflicted = True
+            task = asyncio.get_running_loop().create_task(self._report_late(flight, events))
+            self.background.add(task)
+            task.add_done_callback(self.background.discard)
+        elif isinstance(error, SessionErased):
+            # Already sent; its result is not recorded: the session was erased meanwhile.
+            log.info("obligation %s: %s not recorded, its session was erased", flight.oid, stage)
+        else:
+            self.fault(flight.oid, stage, error)
+
+    async def _report_late(self, flight: Flight, events: Sequence[Any]) -> None:
+        """A result that lost to a claim is still a fact: record it late (ADR 0010)."""
+        results = results_of(events)
+        if not results:
+            return
+        try:
+            late = await self.writer.call(record_results, self.ledger, flight.oid, results)
+        except SessionErased:
+            log.info("obligation %s: late result not recorded, session erased", flight.oid)
+            return
+        except Exception as e:
+            self.fault(flight.oid, "late result", e)
+            return
+        self.counters.late_results += late
+
+    async def _send(self, flight: Flight) -> DeliveryOutcome:
+        """Send every unconfirmed part, in order, then settle the obligation."""
+        agg, adapter = flight.agg, flight.adapter
+        target = agg.target
+        idempotent = flight.guard is SendGuard.IDEMPOTENCY_KEY
+        marker = flight.guard is SendGuard.MARKER
+        parts = [p for p in outgoing_parts(agg) if not agg.part_delivered(p.index)]
+        single = agg.part_count <= 1
+        receipt: list[str] = [i for ids in agg.delivered_parts.values() for i in ids]
+        for n, part in enumerate(parts):
+            # Parts go one at a time and each is confirmed before the next: only the first
+            # unconfirmed part can have reached the user unconfirmed, so only it is marked.
+            mark = marker and n == 0
+            if not self._owns(flight):
+                verdict = await self._prove_owner(flight)
+                if verdict == OWNER_SUPERSEDED and flight.record_unconfirmed:
+                    self.counters.already_recorded += 1
+                    log.info("obligation %s already recorded by another gateway", flight.oid)
+                    return DeliveryOutcome(
+                        status="already_recorded", obligation_id=flight.oid, ledger_fault=True
+                    )
+                if verdict == OWNER_SUPERSEDED:
+                    log.info("obligation %s superseded before part %d", flight.oid, part.index)
+                    return DeliveryOutcome(
+                        status="superseded",
+                        obligation_id=agg.obligation_id,
+                        message_ids=tuple(receipt),
+                    )
+                # Unproven owner: never an unlabelled copy, and never a blocked send.
+                mark = mark or verdict == OWNER_UNPROVEN
+            text = render_duplicate_notice(adapter, part.text) if mark else part.text
+            key = None
+            if idempotent:
+                key = agg.obligation_id if single else f"{agg.obligation_id}:{part.index}"
+            result = await self._platform_send(adapter, target, text, part, agg, key)
+            if not result.success:
+                return await self._settle_failure(flight, result)
+            receipt.extend(result.message_ids)
+            if n < len(parts) - 1:
+                self._apply(
+                    flight,
+                    lambda p=part, r=result: agg.acknowledge_part(
+                        by=self.owner, now=self._now(), index=p.index, receipt=r.message_ids
+                    ),
+                )
+                await self._write(flight, f"part {part.index} delivered")
+                if flight.erased:
+                    return self._erased(flight.oid, f"after part {part.index}")
+                if flight.conflicted:
+                    # Claimed by another gateway mid-reply: fenced out, send no more parts.
+                    log.info("obligation %s superseded after part %d", flight.oid, part.index)
+                    return DeliveryOutcome(
+                        status="superseded",
+                        obligation_id=agg.obligation_id,
+                        message_ids=tuple(receipt),
+                    )
+        self._apply(
+            flight, lambda: agg.confirm_delivery(by=self.owner, now=self._now(), receipt=receipt)
+        )
+        if self.write_behind:
+            self._write_later(flight, "delivered")
+        else:
+            await self._write(flight, "delivered")
+        self.counters.delivered += 1
+        return DeliveryOutcome(
+            status="delivered",
+            obligation_id=agg.obligation_id,
+            message_ids=tuple(receipt),
+            ledger_fault=not flight.tracked,
+        )
+
+    def lease_epoch(self) -> int:
+        heartbeat = self.ledger.heartbeat
+        return 0 if heartbeat is None else heartbeat.lapses
+
+    def _owns(self, flight: Flight) -> bool:
+        """May this hand-off go out as the owner's, with no store round trip? (ADR 0032)
+
+        No write of the flight (its record included) may have timed out or failed since
+        it was last proven. Without a lease (SQLite: liveness is /proc) that is all. With
+        one, the lease must also be provably held a renewal period longer, and not have
+        lapsed since the flight's ownership was last proven.
+        """
+        if flight.unproven:
+            return False
+        heartbeat = self.ledger.heartbeat
+        if heartbeat is None:
+            return True
+        return flight.lease_epoch == heartbeat.lapses and heartbeat.holds(
+            heartbeat.settings.renew_every
+        )
+
+    async def _prove_owner(self, flight: Flight) -> str:
+        """Renew the lease and re-read the obligation: still ours (proven), taken by a claim
+        or settled by another writer (superseded), or unknowable now (unproven: the store
+        is down or slower than ``ledger_deadline``; a ledger fault). The read does not wait
+        for this gateway's own writes still queued: they change neither owner nor fence."""
+        heartbeat = self.ledger.heartbeat
+        oid = flight.oid
+
+        def check() -> tuple[int, Any]:
+            if heartbeat is not None:
+                heartbeat.renew()
+            epoch = self.lease_epoch()
+            try:
+                return epoch, self.ledger.get(oid)
+            except NotFound:
+                return epoch, None  # never recorded: nobody else can own it
+
+        try:
+            epoch, stored = await asyncio.wait_for(
+                self.writer.read(check), timeout=self.ledger_deadline
+            )
+        except Exception as e:
+            self.fault(oid, "ownership check", e)
+            return OWNER_UNPROVEN
+        if stored is not None and (
+            stored.owner != self.owner
+            or stored.fence != flight.agg.fence
+            or ObligationState(stored.state).is_final
+        ):
+            log.info("obligation %s: another owner or writer took it (fence %d)", oid, stored.fence)
+            flight.tracked = False
+            flight.conflicted = True
+            return OWNER_SUPERSEDED
+        flight.lease_epoch, flight.unproven, flight.record_unconfirmed = epoch, False, False
+        return OWNER_PROVEN
+
+    def _apply(self, flight: Flight, command: Any) -> None:
+        """Run a domain command on the live aggregate; a refusal is a ledger fault, not a stop."""
+        try:
+            command()
+        except LedgerError as e:
+            self.fault(flight.oid, "transition", e)
+            flight.tracked = False
+
+    async def _platform_send(
+        self,
+        adapter: PlatformAdapter,
+        target: DeliveryTarget,
+        text: str,
+        part: OutgoingPart,
+        agg: DeliveryObligation,
+        key: str | None,
+    ) -> SendResult:
+        try:
+            result = await adapter.send(
+                target,
+                text,
+                reply_to=target.reply_to,
+                media=(part.media,) if part.media is not None else (),
+                metadata=agg.metadata,
+                idempotency_key=key,
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            # Raised after the request may have left (timeout, reset): it may have arrived.
+            return SendResult.failed(ErrorClass.AMBIGUOUS, type(e).__name__)
+        if not isinstance(result, SendResult):
+            return SendResult.failed(ErrorClass.AMBIGUOUS, "adapter returned no SendResult")
+        return result
+
+    async def _settle_failure(self, flight: Flight, result: SendResult) -> DeliveryOutcome:
+        agg = flight.agg
+        error_class = result.error_class or ErrorClass.AMBIGUOUS
+        retry_after = result.retry_after
+        now = self._now()
+        self._apply(
+            flight,
+            lambda: agg.fail(
+                by=self.owner,
+                now=now,
+                error=result.error,
+                classification=error_class,
+                retry_after=retry_after,
+            ),
+        )
+        log.info(
+            "obligation %s send failed: %s attempt=%d",
+            agg.obligation_id,
+            error_class.value,
+            agg.send_attempts,
+        )
+        if error_class is ErrorClass.DEAD_TARGET:
+            self._apply(
+                flight,
+                lambda: agg.abandon(
+                    reason=AbandonReason.DEAD_TARGET, now=now, by=self.owner, detail=result.error
+                ),
+            )
+            await self._write(flight, "abandoned")
+            self.counters.abandoned += 1
+            return DeliveryOutcome(
+                status="abandoned",
+                obligation_id=agg.obligation_id,
+                error_class=error_class.value,
+            )
+        await self._write(flight, "failed")
+        self.counters.failed += 1
+        delay = (
+            None
+            if flight.conflicted or flight.erased
+            else self._retry_delay(flight, error_class, retry_after)
+        )
+        if delay is not None:
+            self.counters.retries_scheduled += 1
+            self.scheduler.schedule(
+                delay, lambda: self._retry(flight), label=f"retry {agg.obligation_id}"
+            )
+        else:
+            log.info("obligation %s: runtime retries spent; left to the boot sweep", flight.oid)
+        return DeliveryOutcome(
+            status="failed",
+            obligation_id=agg.obligation_id,
+            error_class=error_class.value,
+            ledger_fault=not flight.tracked,
+            retry_in=delay,
+        )
+
+    def _retry_delay(
+        self, flight: Flight, error_class: ErrorClass, retry_after: float | None
+    ) -> float | None:
+        cap = self.policy.max_retry_after.total_seconds()
+        if error_class is ErrorClass.RATE_LIMITED:
+            # Waiting out a rate limit is not an attempt: the budget below is untouched.
+            self.counters.rate_limit_waits += 1
+            wait = DEFAULT_RATE_LIMIT_WAIT if retry_after is None else retry_after
+            return min(max(0.0, wait), cap)
+        backoff = self.policy.retry_backoff
+        if flight.runtime_retries >= len(backoff):
+            return None
+        delay = backoff[flight.runtime_retries].total_seconds()
+        flight.runtime_retries += 1
+        return delay
+
+    async def _retry(self, flight: Flight) -> None:
+        agg = flight.agg
+        if flight.conflicted or flight.erased:
+            log.info("obligation %s not retried: another writer took it", flight.oid)
+            return
+        if flight.tracked:
+            flight.guard = _guard_for(flight.adapter, agg.may_have_arrived)
+            try:
+                agg.start_attempt(by=self.owner, now=self._now(), guard=flight.guard)
+            except LedgerError as e:
+                log.info("obligation %s not retried: %s", flight.oid, type(e).__name__)
+                return
+            if not await self._write(flight, "attempting") and (flight.conflicted or flight.erased):
+                if flight.erased:
+                    self._erased(flight.oid, "retry")
+                return
+        else:
+            agg.arrived_before_this_send = True  # best-effort copy: assume it may have arrived
+            flight.guard = _guard_for(flight.adapter, True)
+        try:
+            await self._send(flight)
+        except Exception as e:  # a retry runs detached: never let it die silently
+            log.error("obligation %s retry crashed: %s", flight.oid, type(e).__name__)
+
+    # -- recovery -----------------------------------------------------------------------------
+
+    async def recover(self, item: Mapping[str, Any], lease_epoch: int = 0) -> DeliveryOutcome:
+        oid = str(item["obligation_id"])
+        adapter = self.adapters.get(str(item["platform"]))
+        try:
+            # Read again, each field opened: what cannot be opened is never sent (ADR 0027).
+            agg, problem = await self.writer.call(load_for_sending, self.ledger, oid)
+        except Exception as e:
+            self.fault(oid, "load", e)
+            return DeliveryOutcome(status="failed", obligation_id=oid, ledger_fault=True)
+        if agg is None:
+            assert problem is not None
+            if problem.abandon is not None:
+                self.counters.abandoned += 1
+                return DeliveryOutcome(status="abandoned", obligation_id=oid)
+            return DeliveryOutcome(status="unsendable", obligation_id=oid)
+        if adapter is None or agg.state is not ObligationState.CLAIMED or agg.owner != self.owner:
+            return DeliveryOutcome(status="failed", obligation_id=oid)
+        self.counters.recovered += 1
+        log.info("obligation %s recovered marker=%s", oid, agg.arrived_before_this_send)
+        guard = _guard_for(adapter, agg.arrived_before_this_send)  # as Claimed decided
+        flight = Flight(agg=agg, adapter=adapter, guard=guard, lease_epoch=lease_epoch)
+        return await self._send(flight)
+
+    # -- unrecorded sends ---------------------------------------------------------------------
+
+    async def _send_unrecorded(
+        self,
+        context: ReplyContext,
+        reply: Reply,
+        inbound_message_id: str | None,
+        reason: str,
+    ) -> DeliveryOutcome:
+        """Commands, ephemeral replies: sent as upstream does, without an obligation."""
+        self.counters.skipped += 1
+        if reason == "empty":
+            return DeliveryOutcome(status="skipped", skip_reason=reason)
+        adapter = self.adapters.get(context.platform)
+        if adapter is None:
+            return DeliveryOutcome(status="skipped", skip_reason=reason)
+        target = DeliveryTarget(
+            platform=context.platform,
+            chat_id=context.chat_id,
+            thread_id=context.thread_id,
+            reply_to=inbound_message_id,
+        )
+        result = await adapter.send(
+            target,
+            reply.content,
+            reply_to=inbound_message_id,
+            media=reply.media,
+            metadata=reply.metadata,
+            idempotency_key=None,
+        )
+        return DeliveryOutcome(
+            status="skipped",
+            skip_reason=reason,
+            message_ids=result.message_ids,
+            error_class=result.error_class.value if result.error_class else None,
+        )
+
+    async def _send_untracked(
+        self,
+        oid: str,
+        context: ReplyContext,
+        reply: Reply,
+        inbound_message_id: str | None,
+        adapter: PlatformAdapter,
+    ) -> DeliveryOutcome:
+        """The ledger refused the reply: send it anyway, once, and say so."""
+        self.counters.untracked += 1
+        target = DeliveryTarget(
+            platform=context.platform,
+            chat_id=context.chat_id,
+            thread_id=context.thread_id,
+            reply_to=inbound_message_id,
+        )
+        try:
+            result = await adapter.send(
+                target,
+                reply.content,
+                reply_to=inbound_message_id,
+                media=reply.media,
+                metadata=dict(reply.metadata),
+                idempotency_key=None,
+            )
+        except Exception as e:
+            result = SendResult.failed(ErrorClass.AMBIGUOUS, type(e).__name__)
+        status = "delivered" if result.success else "failed"
+        if result.success:
+            self.counters.delivered += 1
+        else:
+            self.counters.failed += 1
+        return DeliveryOutcome(
+            status=status,
+            obligation_id=oid,
+            message_ids=result.message_ids,
+            error_class=result.error_class.value if result.error_class else None,
+            ledger_fault=True,
+        )
+
+    def fault(self, oid: str, stage: str, error: BaseException) -> None:
+        self.counters.ledger_faults += 1
+        log.warning(
+            "ledger fault obligation=%s stage=%s error=%s", oid, stage, type(error).__name__
+        )

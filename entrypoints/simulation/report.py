@@ -1,0 +1,142 @@
+"""What a simulation run is asked to do, and what it found (``gateway-ledger simulate``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+
+@attrs.frozen
+class SimulationConfig:
+    seed: int = 1
+    conversations: int = 120
+    turns: int = 4
+    workers: int = 3
+    kills: int = 8
+    db: str | None = None
+    faults: bool = False
+
+
+@attrs.define
+class Report:
+    seed: int
+    obligations: int = 0
+    delivered: int = 0
+    delivered_first_time: int = 0
+    redelivered_with_marker: int = 0
+    redelivered_plain: int = 0
+    deduplicated_by_platform: int = 0
+    abandoned: dict[str, int] = attrs.field(factory=dict)
+    unresolved: int = 0
+    lost: int = 0
+    unlabelled_duplicates: int = 0
+    audit_problems: dict[str, int] = attrs.field(factory=dict)
+    """What ``audit duplicates`` finds in the ledger's own history (ADR 0011): the
+    ledger's account, to set beside what the platforms received."""
+    audit_labelled_duplicates: int = 0
+    messages_received: int = 0
+    kills: int = 0
+    restarts: int = 0
+    sweeper_runs: int = 0
+    ledger_faults: int = 0
+    gateway_failures: int = 0
+    seconds: float = 0.0
+    obligations_per_second: float = 0.0
+    db: str = ""
+    faults: FaultReport | None = None
+
+    @property
+    def unexplained_audit_problems(self) -> int:
+        explained = self.faults.audit_explained if self.faults is not None else {}
+        return sum(self.audit_problems.values()) - sum(explained.values())
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.lost == 0
+            and self.unlabelled_duplicates == 0
+            and self.unexplained_audit_problems == 0
+            and self.unresolved == 0
+            and self.gateway_failures == 0
+            and (self.faults is None or self.faults.ok)
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        d = attrs.asdict(self)
+        faults = d.pop("faults")
+        if faults is not None:  # a --faults run: its figures sit beside the others
+            d.update(faults)
+        d["ok"] = self.ok
+        return d
+
+
+@attrs.define
+class FaultReport:
+    """What the planted faults did to what users got (``simulate --faults``)."""
+
+    poisoned: int = 0
+    poisoned_ids: list[str] = attrs.field(factory=list)
+    poisoned_events: list[dict[str, Any]] = attrs.field(factory=list)
+    poisoned_when: str = ""
+    """At which kill the poison was planted (the restart and a sweeper then read it)."""
+    poisoned_resent: int = 0
+    """Messages users received for a poisoned obligation after it was poisoned (it had
+    been delivered already): must be 0."""
+    quarantined: int = 0
+    quarantined_ids: list[str] = attrs.field(factory=list)
+    quarantined_source: str = ""
+    quarantined_unplanted: int = 0
+    """Quarantined obligations that were not poisoned: replies the ledger could not read
+    back although nothing damaged them."""
+    forgotten: int = 0
+    forgotten_in_flight: int = 0
+    """Replies of the forgotten sessions recorded and unresolved when erasure began."""
+    forgotten_turns_unrecorded: int = 0
+    """Turns of a forgotten conversation that never became an obligation: not asked after
+    the erasure, or refused under its destroyed key. Not owed, so not lost."""
+    recorded_after_erasure: int = 0
+    """Obligations of a forgotten session recorded after its erasure returned: written
+    under a destroyed key (a gateway still had it cached). Reported, not judged: what
+    matters to users is whether such a reply is sent as a placeholder (``erased_sent``)."""
+    forget_errors: list[str] = attrs.field(factory=list)
+    forget_seconds: list[float] = attrs.field(factory=list)
+    """How long each erasure took (while it runs, other gateways' writes may wait)."""
+    erased_sent: int = 0
+    """Messages that carried the erased placeholder, or that a gateway took from the
+    store after the session's erasure and sent to its chat: must be 0."""
+    erased_sent_placeholder: int = 0
+    erased_sent_after_forget: int = 0
+    erased_abandoned: int = 0
+    paused: int = 0
+    paused_seconds: float = 0.0
+    paused_in_flight: int = 0
+    pause_tries_in_transaction: int = 0
+    """Pauses undone at once because the stopped gateway was inside a write transaction
+    (holding locks that stall every writer of the store while it is stopped)."""
+    paused_claimed: int = 0
+    """Obligations another gateway claimed from the paused one."""
+    paused_late_results: int = 0
+    """Results the paused gateway reported after it was resumed, recorded as late."""
+    late_results: int = 0
+    unaccounted: int = 0
+    """Recorded obligations that ended neither delivered, abandoned with a reason, nor
+    quarantined."""
+    unaccounted_ids: list[str] = attrs.field(factory=list)
+    audit_explained: dict[str, int] = attrs.field(factory=dict)
+    """Audit findings the planted faults explain: on a poisoned obligation, and the
+    late result and displaced-but-alive owner of the paused gateway's claimed replies."""
+    poisoned_reported_by_audit: int = 0
+    """Poisoned obligations the duplicate audit names in a finding (reported, not judged)."""
+    audit_error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.erased_sent == 0
+            and self.unaccounted == 0
+            and self.poisoned_resent == 0
+            and self.quarantined_unplanted == 0
+            and not self.forget_errors
+            and self.audit_error is None
+        )

@@ -1,0 +1,389 @@
+"""The composition root (ADR 0036): where the applications meet their infrastructure.
+
+The applications (``application/``) declare what they need as ports and know no store,
+lease, key or thread. Here each is put together with the infrastructure that satisfies
+them, as cosmicpython's ``bootstrap.py`` does:
+
+- :class:`DeliveryLedger`: the ledger application, its events sealed by the private
+  mapper and encoded by the orjson transcoder, its owner identity (host, boot, pid,
+  installation id), its lease table and heartbeat, and the bulk loader its sweep uses;
+- :class:`Gateway`: the delivery path over such a ledger, writing through the
+  group-commit writer;
+- :func:`open_ledger`, :func:`open_gateway`: a store location (a file path or a
+  ``postgresql://`` URL) turned into a started ledger or gateway;
+- the erasure commands that open the stores at a location.
+
+Constructors start nothing: no thread, no file written, no lease taken. ``open_*`` (or
+``start()``) is the step that starts what runs while a store is open, and ``close()``
+stops it. Tests may wire fakes through the same functions (``tests/test_bootstrap.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+from eventsourcing.persistence import PersistenceError, Transcoder
+
+from gateway_ledger.application.clock import Clock, system_clock
+from gateway_ledger.application.delivery import gateway as delivery_gateway
+from gateway_ledger.application.delivery import ledger as delivery_ledger
+from gateway_ledger.application.delivery.gateway import (
+    DEFAULT_COMMAND_PREFIXES,
+    DEFAULT_LEDGER_DEADLINE,
+)
+from gateway_ledger.application.delivery.ledger_ports import EventWriter, LivenessPolicy, Loaded
+from gateway_ledger.application.delivery.recovery_port import RecoverySweep, ResumableSessions
+from gateway_ledger.application.delivery.scheduling import Scheduler
+from gateway_ledger.application.privacy.erasure import ErasureReport, forget_in_ledger
+from gateway_ledger.application.sessions.store import SessionStore
+from gateway_ledger.domain.errors import InvalidInput
+from gateway_ledger.domain.sessions.route import SessionKeying
+from gateway_ledger.domain.values import LedgerPolicy, OwnerIdentity
+from gateway_ledger.infrastructure.eventstore.bulk_events import load_each
+from gateway_ledger.infrastructure.eventstore.group_commit import GroupCommitWriter
+from gateway_ledger.infrastructure.eventstore.store import (
+    is_concurrent_ddl,
+    is_read_only,
+    opening,
+    store_environment,
+    store_path,
+)
+from gateway_ledger.infrastructure.eventstore.transcoder import AttrsTranscoding, OrjsonTranscoder
+from gateway_ledger.infrastructure.ownership.installation import resolve_installation_id
+from gateway_ledger.infrastructure.ownership.leases import (
+    Heartbeat,
+    LeaseSettings,
+    LeaseTable,
+    with_idle_transaction_limit,
+)
+from gateway_ledger.infrastructure.ownership.liveness import LeaseLiveness, LocalLiveness
+from gateway_ledger.infrastructure.ownership.process_identity import current_owner
+from gateway_ledger.infrastructure.privacy.private_mapper import ENCRYPT_ENV, PrivateEvents
+
+__all__ = [
+    "DeliveryLedger",
+    "Gateway",
+    "build_transcoder",
+    "finish_erasure_cleanup",
+    "forget_session",
+    "open_gateway",
+    "open_ledger",
+    "open_sessions_for_erasure",
+    "owner_of",
+]
+
+_DDL_ATTEMPTS = 5
+
+
+def build_transcoder() -> Transcoder:
+    """The ledger's transcoder: orjson, with every value object its events carry."""
+    transcoder = OrjsonTranscoder()
+    for cls in delivery_ledger.VALUE_OBJECTS:
+        transcoder.register(AttrsTranscoding(cls))
+    return transcoder
+
+
+def owner_of(env: Mapping[str, str], *, persist: bool) -> OwnerIdentity:
+    """This process as the owner of what it appends to the store ``env`` names.
+
+    ``persist``: write the installation id beside the store when there is none yet (the
+    open step does; a constructor never writes a file). A store opened read-only is
+    never written to.
+    """
+    installation = resolve_installation_id(
+        store_path(env), persist=persist and not is_read_only(env)
+    )
+    return current_owner(installation)
+
+
+class DeliveryLedger(PrivateEvents, delivery_ledger.DeliveryLedger):
+    """The delivery ledger on its store: the public ``DeliveryLedger``.
+
+    Personal fields are encrypted at rest by default (ADR 0012); ``encrypt=False`` stores
+    new events in clear (upstream compatibility, benchmarks). Reading always decrypts.
+    On PostgreSQL every ledger owner holds a lease by default (ADR 0010): it is acquired
+    and renewed from :meth:`start` (``open`` starts it) and released by :meth:`close`.
+    ``check_key=False`` defers the master-key check to the first use of a data key (a
+    gateway checks at ``start()`` and runs untracked, saying so, if it fails).
+    """
+
+    # Restated: the mixin's defaults come first in the MRO, and a subclass is renamed.
+    name = delivery_ledger.LEDGER_APPLICATION_NAME
+    privacy_policy = delivery_ledger.DeliveryLedger.privacy_policy
+
+    heartbeat: Heartbeat | None = None
+
+    def __init__(
+        self,
+        env: Mapping[str, str] | None = None,
+        *,
+        owner: OwnerIdentity | None = None,
+        policy: LedgerPolicy | None = None,
+        clock: Clock = system_clock,
+        encrypt: bool | None = None,
+        lease: LeaseSettings | None = None,
+        check_key: bool = True,
+    ) -> None:
+        environment = dict(env or {})
+        self.check_key_at_open = check_key
+        self.lease_settings = lease or LeaseSettings.from_env()
+        module = environment.get("PERSISTENCE_MODULE") or os.environ.get("PERSISTENCE_MODULE")
+        if module == "eventsourcing.postgres":
+            environment = with_idle_transaction_limit(environment, self.lease_settings)
+        if encrypt is not None:
+            environment[ENCRYPT_ENV] = "y" if encrypt else "n"
+        if owner is None:
+            owner = owner_of(self.construct_env(self.name, environment), persist=False)
+        for attempt in range(_DDL_ATTEMPTS):
+            try:
+                super().__init__(environment, owner=owner, policy=policy, clock=clock)
+                break
+            except PersistenceError as e:  # several hosts creating one schema's tables at once
+                if attempt == _DDL_ATTEMPTS - 1 or not is_concurrent_ddl(e):
+                    raise
+                time.sleep(0.05 * (attempt + 1))
+        sqlite_path = store_path(self.env)
+        self.read_only = is_read_only(self.env)
+        self.location = str(sqlite_path or self.env.get("POSTGRES_DBNAME") or "")
+        is_postgres = self.env.get("PERSISTENCE_MODULE") == "eventsourcing.postgres"
+        wanted = self.lease_settings.wanted(is_postgres) and not self.read_only
+        self.leases: LeaseTable | None = (
+            LeaseTable.of(self) if wanted and (is_postgres or sqlite_path) else None
+        )
+
+    @classmethod
+    def open(
+        cls,
+        location: str | Path,
+        *,
+        owner: OwnerIdentity | None = None,
+        policy: LedgerPolicy | None = None,
+        clock: Clock = system_clock,
+        encrypt: bool | None = None,
+        lease: LeaseSettings | None = None,
+        existing: bool = False,
+        writing: bool = False,
+        check_key: bool = True,
+    ) -> DeliveryLedger:
+        """Open (creating if needed) the store at a file path or a postgresql:// URL, and
+        start the ledger (see :func:`open_ledger`)."""
+        return open_ledger(
+            location,
+            owner=owner,
+            policy=policy,
+            clock=clock,
+            encrypt=encrypt,
+            lease=lease,
+            existing=existing,
+            writing=writing,
+            check_key=check_key,
+            ledger_class=cls,
+        )
+
+    def start(self) -> DeliveryLedger:
+        """Acquire this owner's lease and keep it renewed, where leases are used (raises
+        if the store refuses it). Nothing to do without leases, or when started already."""
+        if self.leases is not None and self.heartbeat is None:
+            heartbeat = Heartbeat(self.leases, self.owner, self.lease_settings).start()
+            self.heartbeat = heartbeat
+            weakref.finalize(self, heartbeat.signal_stop)  # a ledger never closed
+        return self
+
+    def close(self) -> None:
+        """Release this owner's lease (others may take its work at once), then close."""
+        heartbeat, self.heartbeat = self.heartbeat, None
+        if heartbeat is not None:
+            heartbeat.stop(release=True)
+        super().close()
+
+    def construct_transcoder(self) -> Transcoder:
+        return build_transcoder()
+
+    @property
+    def liveness(self) -> LivenessPolicy:
+        """Leases where this ledger uses them (PostgreSQL by default), else /proc (ADR 0010)."""
+        if self.leases is not None:
+            return LeaseLiveness(self.leases, self.lease_settings.clock_skew)
+        return LocalLiveness()
+
+    def load_each(self, aggregate_ids: Sequence[UUID]) -> Loaded:
+        return load_each(self, aggregate_ids)
+
+
+def open_ledger(
+    location: str | Path,
+    *,
+    owner: OwnerIdentity | None = None,
+    policy: LedgerPolicy | None = None,
+    clock: Clock = system_clock,
+    encrypt: bool | None = None,
+    lease: LeaseSettings | None = None,
+    existing: bool = False,
+    writing: bool = False,
+    check_key: bool = True,
+    ledger_class: type[DeliveryLedger] = DeliveryLedger,
+) -> DeliveryLedger:
+    """Open (creating if needed) the store at a file path or a postgresql:// URL, as this
+    process (its installation id written beside an SQLite store, or in the state folder,
+    the first time), and start the ledger: its lease, where leases are used.
+
+    ``existing=True`` (the operators' commands) opens only a gateway-ledger store that is
+    there, read-only if this process cannot write it unless ``writing``.
+    """
+    env = store_environment(location, existing=existing, writing=writing)
+    with opening(location):
+        ledger = ledger_class(
+            env,
+            owner=owner or owner_of(env, persist=True),
+            policy=policy,
+            clock=clock,
+            encrypt=encrypt,
+            lease=lease,
+            check_key=check_key,
+        )
+    try:
+        return ledger.start()
+    except BaseException:
+        ledger.close()
+        raise
+
+
+class Gateway(delivery_gateway.Gateway):
+    """The delivery path over a store-backed ledger, writing through the group-commit
+    writer unless given another (the public ``Gateway``)."""
+
+    def __init__(
+        self,
+        ledger: delivery_ledger.DeliveryLedger,
+        *,
+        sessions: ResumableSessions | None = None,
+        sweep: RecoverySweep | None = None,
+        scheduler: Scheduler | None = None,
+        command_prefixes: Sequence[str] = DEFAULT_COMMAND_PREFIXES,
+        ledger_deadline: float = DEFAULT_LEDGER_DEADLINE,
+        writer: EventWriter | None = None,
+        write_behind: bool = True,
+    ) -> None:
+        super().__init__(
+            ledger,
+            writer=writer if writer is not None else GroupCommitWriter(ledger),
+            sessions=sessions,
+            sweep=sweep,
+            scheduler=scheduler,
+            command_prefixes=command_prefixes,
+            ledger_deadline=ledger_deadline,
+            write_behind=write_behind,
+        )
+
+    @classmethod
+    def open(
+        cls,
+        location: str | Path,
+        *,
+        owner: OwnerIdentity | None = None,
+        policy: LedgerPolicy | None = None,
+        clock: Clock = system_clock,
+        **kwargs: Any,
+    ) -> Gateway:
+        return open_gateway(location, owner=owner, policy=policy, clock=clock, **kwargs)
+
+
+def open_gateway(
+    location: str | Path,
+    *,
+    owner: OwnerIdentity | None = None,
+    policy: LedgerPolicy | None = None,
+    clock: Clock = system_clock,
+    **kwargs: Any,
+) -> Gateway:
+    """A gateway on the store at ``location``: its ledger opened and started, the master
+    key checked at the gateway's ``start()`` (where a failure is said, not raised)."""
+    ledger = open_ledger(location, owner=owner, policy=policy, clock=clock, check_key=False)
+    try:
+        return Gateway(ledger, **kwargs)
+    except BaseException:
+        ledger.close()
+        raise
+
+
+# -- erasure, by store location -------------------------------------------------------------
+
+
+def open_sessions_for_erasure(location: str | Path, *, required: bool) -> SessionStore | None:
+    """The session store at ``location`` for erasure, or None if there is none there.
+
+    Opened without creating tables and without the keying check or secret: erasure
+    computes no key from a source, it is given the session key.
+    """
+    env = {**store_environment(location), "CREATE_TABLE": "n"}
+    store = SessionStore(env, raw_keys=True, keying_check=False)
+    try:
+        present = SessionKeying.create_id() in store.repository
+    except PersistenceError:
+        present = False  # no session tables in this store
+    if not present:
+        store.close()
+        if required:
+            raise InvalidInput(f"no session store at {location}")
+        return None
+    return store
+
+
+def forget_session(
+    location: str | Path,
+    session_key: str,
+    *,
+    requested_by: str = "",
+    sessions: str | Path | None = None,
+) -> ErasureReport:
+    """Erase a session's personal data: the delivery ledger at ``location`` (SQLite or
+    PostgreSQL) and the session store, which is looked for at ``location`` too (same file
+    or schema) unless ``sessions`` names where it lives."""
+    if not str(location):
+        raise InvalidInput("forget_session needs a store location")
+    session_store = open_sessions_for_erasure(
+        location if sessions is None else sessions, required=sessions is not None
+    )
+    try:
+        ledger = open_ledger(location)
+    except BaseException:
+        if session_store is not None:
+            session_store.close()
+        raise
+    try:
+        return forget_in_ledger(
+            ledger, session_key, requested_by=requested_by, sessions=session_store
+        )
+    finally:
+        ledger.close()
+        if session_store is not None:
+            session_store.close()
+
+
+def finish_erasure_cleanup(location: str | Path, *, sessions: str | Path | None = None) -> bool:
+    """Finish what earlier erasures left pending in the store at ``location`` (and in the
+    session store at ``sessions``, if it lives elsewhere): the WAL truncation on SQLite,
+    ``VACUUM FULL`` of the key table on PostgreSQL. True when nothing is pending any more.
+
+    Like the erasure, it waits about a second at most for a reader to let go, so it can
+    run from cron without holding the gateway's writers off (ADR 0028).
+    """
+    ledger = open_ledger(location)
+    try:
+        done = ledger.private_mapper.keyring.table.finish_cleanup()
+    finally:
+        ledger.close()
+    if sessions is not None:
+        store = open_sessions_for_erasure(sessions, required=True)
+        assert store is not None
+        try:
+            done = store.private_mapper.keyring.table.finish_cleanup() and done
+        finally:
+            store.close()
+    return done
