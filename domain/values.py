@@ -140,6 +140,16 @@ def require_text(name: str, value: object, *, allow_empty: bool = False) -> str:
     return value
 
 
+def require_content(name: str, value: object) -> str:
+    """A reply's text: anything :func:`require_text` keeps (empty too, a media-only reply),
+    at most :data:`MAX_CONTENT_BYTES` in UTF-8."""
+    text = require_text(name, value, allow_empty=True)
+    # Four bytes a character at most: only a long text is encoded to be measured.
+    if len(text) * 4 > MAX_CONTENT_BYTES and len(text.encode("utf-8")) > MAX_CONTENT_BYTES:
+        raise InvalidInput(f"{name} is larger than {MAX_CONTENT_BYTES} bytes")
+    return text
+
+
 def require_clear_text(
     name: str, value: object, *, allow_empty: bool = False, max_chars: int = MAX_NAME_CHARS
 ) -> str:

@@ -895,7 +895,8 @@ class Gateway:
                     self._erased(flight.oid, "retry")
                 return
         else:
-            agg.arrived_before_this_send = True  # best-effort copy: assume it may have arrived
+            # Untracked: its history here may be behind the store's, so assume an earlier
+            # send may have arrived (the aggregate is not touched: nothing records this).
             flight.guard = _guard_for(flight.adapter, True)
         try:
             await self._send(flight)
