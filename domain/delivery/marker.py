@@ -1,4 +1,4 @@
-"""The duplicate-marker rule (ADR 0006): when must a send say "this may be a duplicate"?
+"""The duplicate-marker rule (ADR 0006, 0038): when must a send say "this may be a duplicate"?
 
 A reply is re-sent with the marker when an earlier send of it may have reached the user.
 A send may have arrived unless the platform said it did not; a refusal strikes off only
@@ -15,7 +15,7 @@ fact they state. The aggregate, the views, the audit and the tests' model all go
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import Enum, auto
 from typing import NamedTuple
 
 from gateway_ledger.domain.values import ErrorClass
@@ -39,15 +39,15 @@ NOTHING_SENT = Marker(may_have_arrived=False, arrived_before_this_send=False)
 class SendFact(Enum):
     """What an event says about a send, as far as the marker is concerned."""
 
-    STARTED = "started"
+    STARTED = auto()
     """A send goes out (``Attempting``; ``Claimed``: the claimer sends at once)."""
-    REFUSED = "refused"
+    REFUSED = auto()
     """The platform said the send in flight did not arrive (a failure that is not
     ambiguous: rejected, rate limited, dead target)."""
-    UNCERTAIN = "uncertain"
+    UNCERTAIN = auto()
     """The send in flight failed in a way that may have reached the user (a timeout, a
     reset after the request left)."""
-    ARRIVED_LATE = "arrived late"
+    ARRIVED_LATE = auto()
     """A fenced-out owner reports that its own send was delivered."""
 
     @classmethod

@@ -2,7 +2,7 @@
 
 Commands (``record``, ``start_attempt``, ``confirm_delivery``, ``fail``, ``claim``,
 ``request_retry``, ``abandon``, ``quarantine``) check their named guards (``check_...``),
-decide, and trigger one explicit event class each. An event's ``apply`` only mutates,
+decide, and trigger one explicit event class each (ADR 0039). An event's ``apply`` only mutates,
 because it is re-run every time the aggregate is reloaded from its events; whatever a
 reader needs to know of a decision (the duplicate marker) is carried by the event itself.
 """
