@@ -92,14 +92,6 @@ class SendGuard(StrEnum):
     IDEMPOTENCY_KEY = "idempotency_key"  # the platform deduplicates on the obligation id
 
 
-def send_guard(*, may_have_arrived: bool, native_idempotency: bool) -> SendGuard:
-    """ADR 0006's rule: the platform's own key where it has one, else the marker after a
-    send that may have arrived."""
-    if native_idempotency:
-        return SendGuard.IDEMPOTENCY_KEY
-    return SendGuard.MARKER if may_have_arrived else SendGuard.NONE
-
-
 class AbandonReason(StrEnum):
     MAX_ATTEMPTS = "max_attempts"
     STALE = "stale"

@@ -36,6 +36,7 @@ from gateway_ledger.application.delivery.ports import (
 from gateway_ledger.application.delivery.recovery import load_for_sending
 from gateway_ledger.application.delivery.recovery_port import RecoverySweep, ResumableSessions
 from gateway_ledger.application.delivery.scheduling import AsyncioScheduler, Scheduler
+from gateway_ledger.domain.delivery.marker import send_guard
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation, compute_obligation_id
 from gateway_ledger.domain.errors import (
     ConcurrentUpdate,
@@ -53,7 +54,6 @@ from gateway_ledger.domain.values import (
     ObligationState,
     OwnerIdentity,
     SendGuard,
-    send_guard,
 )
 from gateway_ledger.infrastructure.clock import Clock, system_clock
 from gateway_ledger.infrastructure.eventstore.group_commit import GroupCommitWriter, Written

@@ -18,7 +18,7 @@ from __future__ import annotations
 from enum import Enum, auto
 from typing import NamedTuple
 
-from gateway_ledger.domain.values import ErrorClass
+from gateway_ledger.domain.values import ErrorClass, SendGuard
 
 
 class Marker(NamedTuple):
@@ -82,3 +82,12 @@ def marker_after(before: Marker, fact: SendFact | None, recorded: bool | None = 
         arrived = True if recorded is None else recorded
         return Marker(arrived, before.arrived_before_this_send or arrived)
     return before
+
+
+def send_guard(*, may_have_arrived: bool, native_idempotency: bool) -> SendGuard:
+    """What guards a send against an unannounced duplicate (ADR 0006, 0026): the
+    platform's own key where it has one, else the marker when an earlier send may have
+    arrived (``may_have_arrived``: the marker's answer before this send)."""
+    if native_idempotency:
+        return SendGuard.IDEMPOTENCY_KEY
+    return SendGuard.MARKER if may_have_arrived else SendGuard.NONE

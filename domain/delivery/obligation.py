@@ -162,10 +162,7 @@ class DeliveryObligation(Aggregate):
         def marker_from_fields(cls, before: Marker, fields: Mapping[str, Any]) -> Marker:
             """The marker after an event of this type with these (stored) fields: its
             recorded decision, or for an event written before it carried one, derived."""
-            fact = cls.send_fact(fields)
-            if fact is None:
-                return before
-            return marker_after(before, fact, fields.get(cls.marker_decision))
+            return marker_after(before, cls.send_fact(fields), fields.get(cls.marker_decision))
 
         def marker_after(self, before: Marker) -> Marker:
             """The marker after this event, from the marker before it."""
@@ -488,6 +485,13 @@ class DeliveryObligation(Aggregate):
         if self.fence > 0 and by != self.owner:
             raise self._refuse("attempting", f"claimed by {self.owner.describe()}; fenced out")
 
+    def check_part_index(self, index: object) -> None:
+        """A part is named by its index in this reply (text chunks, then media items)."""
+        if not isinstance(index, int) or isinstance(index, bool):
+            raise InvalidInput("part index must be an int")
+        if not 0 <= index < self.part_count:
+            raise InvalidInput(f"part index {index} is outside 0..{self.part_count - 1}")
+
     def check_part_unconfirmed(self, index: int) -> None:
         """A part is confirmed once."""
         if self.part_delivered(index):
@@ -557,10 +561,7 @@ class DeliveryObligation(Aggregate):
     ) -> None:
         """One part of a multi-part reply was confirmed: recovery re-sends only the others."""
         require_aware("now", now)
-        if not isinstance(index, int) or isinstance(index, bool):
-            raise InvalidInput("part index must be an int")
-        if not 0 <= index < self.part_count:
-            raise InvalidInput(f"part index {index} is outside 0..{self.part_count - 1}")
+        self.check_part_index(index)
         if self.is_fenced_out(by, fence):
             ids = receipt_ids(receipt)
             self._report_late(by, now, fence, "part_delivered", receipt=ids, part=index)
