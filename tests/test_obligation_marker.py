@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import attrs
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway_ledger.application.delivery.ledger import DeliveryLedger
 from gateway_ledger.domain.delivery.marker import NOTHING_SENT, Marker, SendFact, marker_after
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation
 from gateway_ledger.domain.errors import IllegalTransition
@@ -217,3 +220,66 @@ def test_old_events_without_the_field_read_as_not_said() -> None:
     assert (old_attempting.needs_marker, old_failed.may_have_arrived) == (None, None)
     assert old_attempting.marker_after(Marker(True, False)) == Marker(True, True)  # derived
     assert attempting.marker_after(Marker(True, False)) == Marker(True, False)  # as recorded
+
+
+# -- the audit judges sends by the same rule ------------------------------------------------
+
+
+def _forge_send(ledger: DeliveryLedger, oid: str, needs_marker: bool | None) -> None:
+    """Append an Attempting by the owner with this recorded decision and no guard said,
+    whatever the rule says (no command would)."""
+    agg = ledger._load(oid)
+    agg.trigger_event(
+        DeliveryObligation.Attempting,
+        by=agg.owner,
+        fence=agg.fence,
+        guard=None,
+        needs_marker=needs_marker,
+        timestamp=agg.last_transition_at + timedelta(seconds=1),
+    )
+    ledger.save(agg)
+
+
+@pytest.mark.parametrize(
+    ("recorded", "flagged"),
+    [(False, 1), (True, 0), (None, 0)],  # None: written before sends recorded it
+)
+def test_the_audit_judges_a_send_by_its_recorded_decision_against_the_rule(
+    tmp_path: Path, recorded: bool | None, flagged: int
+) -> None:
+    ledger = DeliveryLedger.open(str(tmp_path / "ledger.db"), owner=OWNERS[0])
+    try:
+        ledger.record_obligation(
+            obligation_id="o-1", session_key="k", platform="telegram", chat_id="1", content="hi"
+        )
+        ledger.mark_attempting("o-1")
+        ledger.mark_failed("o-1", "timeout after the request left", "ambiguous")
+        _forge_send(ledger, "o-1", recorded)  # the rule: the marker was due
+        findings = ledger.audit_duplicates().findings
+        assert [f.kind for f in findings] == ["unmarked_resend"] * flagged
+        assert [f.version for f in findings] == [4] * flagged
+    finally:
+        ledger.close()
+
+
+def test_the_audit_and_the_aggregate_agree_on_a_refusal_after_a_claim(tmp_path: Path) -> None:
+    """A's send may have arrived; B claims and its own send is refused: the marker stays
+    due (the refusal answers B's send only), so B's plain re-send is flagged."""
+    location = str(tmp_path / "ledger.db")
+    a = DeliveryLedger.open(location, owner=OWNERS[0])
+    b = DeliveryLedger.open(location, owner=OWNERS[1])
+    try:
+        a.record_obligation(
+            obligation_id="o-2", session_key="k", platform="telegram", chat_id="1", content="hi"
+        )
+        a.mark_attempting("o-2")
+        agg = b._load("o-2")
+        agg.claim(by=OWNERS[1], now=agg.last_transition_at, policy=LedgerPolicy())
+        b.save(agg)
+        b.mark_failed("o-2", "refused", "rejected")
+        assert b.get("o-2").needs_marker is True
+        b.mark_attempting("o-2", guard="none")
+        assert [f.kind for f in b.audit_duplicates().findings] == ["unmarked_resend"]
+    finally:
+        a.close()
+        b.close()
