@@ -222,6 +222,59 @@ def test_old_events_without_the_field_read_as_not_said() -> None:
     assert attempting.marker_after(Marker(True, False)) == Marker(True, False)  # as recorded
 
 
+def test_the_aggregate_follows_each_recorded_decision_even_against_the_rule() -> None:
+    """Each event carries its decision and the aggregate takes it as carried, so a reader
+    of the events and the aggregate agree whatever wrote them. Forged events (no command
+    writes these) with decisions the rule would not make show which field each type reads.
+    """
+    agg = run([])
+    at = T0 + timedelta(seconds=1)
+    forged: list[tuple[type[Any], dict[str, Any], Marker]] = [
+        (DeliveryObligation.Attempting, {"fence": 0, "needs_marker": True}, Marker(True, True)),
+        (
+            DeliveryObligation.Failed,
+            {
+                "error": "",
+                "classification": "rejected",
+                "retry_after": None,
+                "fence": 0,
+                "may_have_arrived": False,
+            },
+            Marker(False, True),
+        ),
+        (
+            DeliveryObligation.Claimed,
+            {
+                "previous_owner": OWNERS[0],
+                "recovery_attempt": 1,
+                "needs_marker": True,
+                "fence": 1,
+            },
+            Marker(True, True),
+        ),
+        (
+            DeliveryObligation.LateResultReported,
+            {
+                "outcome": "delivered",
+                "receipt": [],
+                "error": "",
+                "classification": None,
+                "part": None,
+                "fence": 0,
+                "current_fence": 1,
+                "late": True,
+                "may_have_arrived": False,
+            },
+            Marker(False, True),
+        ),
+    ]
+    for kind, fields, expected in forged:
+        derived = marker_after(agg.marker, kind.send_fact(fields))
+        agg.trigger_event(kind, by=OWNERS[1], timestamp=at, **fields)
+        assert agg.marker == expected != derived, kind.__name__
+    assert replay(list(agg.collect_events()))[-1] == agg.marker
+
+
 # -- the audit judges sends by the same rule ------------------------------------------------
 
 
