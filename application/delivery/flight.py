@@ -32,6 +32,7 @@ from gateway_ledger.application.delivery.ports import (
 )
 from gateway_ledger.application.delivery.recovery import load_for_sending
 from gateway_ledger.application.delivery.scheduling import Scheduler
+from gateway_ledger.domain.delivery.marker import send_guard
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation, compute_obligation_id
 from gateway_ledger.domain.errors import (
     ConcurrentUpdate,
@@ -49,7 +50,6 @@ from gateway_ledger.domain.values import (
     ObligationState,
     OwnerIdentity,
     SendGuard,
-    send_guard,
 )
 
 log = logging.getLogger("gateway_ledger.gateway")
@@ -664,7 +664,8 @@ class Courier:
                     self._erased(flight.oid, "retry")
                 return
         else:
-            agg.arrived_before_this_send = True  # best-effort copy: assume it may have arrived
+            # Untracked: its history here may be behind the store's, so assume an earlier
+            # send may have arrived (the aggregate is not touched: nothing records this).
             flight.guard = _guard_for(flight.adapter, True)
         try:
             await self._send(flight)
