@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.bootstrap import DeliveryLedger
 from gateway_ledger.domain.delivery.marker import NOTHING_SENT, Marker, SendFact, marker_after
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation
 from gateway_ledger.domain.errors import IllegalTransition
