@@ -74,8 +74,8 @@ class SessionSummary:
 
 def list_sessions(store: SessionStore) -> tuple[SessionSummary, ...]:
     """Every session, oldest first, from the log's Started and Reset events only."""
-    started_topic = get_topic(Session.Started)  # type: ignore[attr-defined]
-    reset_topic = get_topic(Session.Reset)  # type: ignore[attr-defined]
+    started_topic = get_topic(Session.Started)
+    reset_topic = get_topic(Session.Reset)
     found: dict[str, dict[str, Any]] = {}
     start = 0
     while True:
