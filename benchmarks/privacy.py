@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway_ledger.application.delivery.ledger import DeliveryLedger
-from gateway_ledger.application.sessions.store import SessionStore
+from gateway_ledger.bootstrap import SessionStore
 from gateway_ledger.domain.sessions.source import SessionSource
 
 T0 = datetime(2026, 7, 20, tzinfo=UTC)

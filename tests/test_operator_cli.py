@@ -16,7 +16,7 @@ import pytest
 
 from gateway_ledger.application.delivery.ledger import DeliveryLedger
 from gateway_ledger.application.delivery.metrics import METRIC_NAMES
-from gateway_ledger.application.sessions.store import SessionStore
+from gateway_ledger.bootstrap import SessionStore
 from gateway_ledger.domain.sessions.source import SessionSource
 from tests.operator_support import owner, plant_late_delivery, plant_unmarked_resend, record
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway_ledger.application.sessions.store import SessionStore
+from gateway_ledger.bootstrap import SessionStore
 from gateway_ledger.domain.errors import IllegalTransition, InvalidInput, NotFound
 from gateway_ledger.domain.sessions.policy import ResetPolicies, ResetPolicy
 from gateway_ledger.domain.sessions.source import SessionSource
@@ -99,7 +99,7 @@ def test_trust_flags_never_reach_the_store(store_location: str, secret_dir: Path
     )
     ctx = store.resolve(trusted, T0)
     store.append(ctx, "user", "x", now=T0)
-    stored = store._load_session(ctx.session_id).source
+    stored = store.load_session(ctx.session_id).source
     assert stored == trusted and not stored.role_authorized
     assert not stored.delivered_via_upstream_relay
     blobs = b"".join(n.state for n in store.recorder.select_notifications(start=1, limit=100))
@@ -256,7 +256,7 @@ CHILD = textwrap.dedent(
     """
     import json, os, sys, time
     from datetime import datetime, UTC
-    from gateway_ledger.application.sessions.store import SessionStore
+    from gateway_ledger.bootstrap import SessionStore
     from gateway_ledger.domain.sessions.source import SessionSource
 
     location, secret_dir, mode = sys.argv[1], sys.argv[2], sys.argv[3]

@@ -20,7 +20,7 @@ from uuid import UUID, uuid4
 import attrs
 import orjson
 from eventsourcing.application import AggregateNotFoundError
-from eventsourcing.persistence import IntegrityError, PersistenceError
+from eventsourcing.persistence import IntegrityError
 
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation
 from gateway_ledger.domain.errors import InvalidInput, UndecodableEvent
@@ -29,7 +29,6 @@ from gateway_ledger.domain.sessions.route import InboundMessage, SessionKeying, 
 from gateway_ledger.domain.sessions.session import Session
 from gateway_ledger.domain.sessions.source import PERSONAL_FIELDS, TRUST_FLAGS
 from gateway_ledger.domain.values import AbandonReason, require_clear_text, require_text
-from gateway_ledger.infrastructure.eventstore.store import store_environment
 from gateway_ledger.infrastructure.privacy.private_mapper import (
     ERASED,
     InClear,
@@ -40,7 +39,7 @@ from gateway_ledger.infrastructure.privacy.private_mapper import (
 
 if TYPE_CHECKING:
     from gateway_ledger.application.delivery.ledger import DeliveryLedger
-    from gateway_ledger.application.sessions.store import SessionStore
+    from gateway_ledger.bootstrap import SessionStore
 
 log = logging.getLogger("gateway_ledger.privacy")
 
@@ -326,29 +325,6 @@ def erasures(ledger: DeliveryLedger) -> list[Erasure]:
             return found
 
 
-def open_sessions_for_erasure(location: str | Path, *, required: bool) -> SessionStore | None:
-    """The session store at ``location`` for erasure, or None if there is none there.
-
-    Opened without creating tables and without the keying check or secret: erasure
-    computes no key from a source, it is given the session key.
-    """
-    from gateway_ledger.application.sessions.store import SessionStore
-    from gateway_ledger.domain.sessions.route import SessionKeying
-
-    env = {**store_environment(location), "CREATE_TABLE": "n"}
-    store = SessionStore(env, raw_keys=True, keying_check=False)
-    try:
-        present = SessionKeying.create_id() in store.repository
-    except PersistenceError:
-        present = False  # no session tables in this store
-    if not present:
-        store.close()
-        if required:
-            raise InvalidInput(f"no session store at {location}")
-        return None
-    return store
-
-
 def forget_session(
     location: str | Path,
     session_key: str,
@@ -360,6 +336,7 @@ def forget_session(
     PostgreSQL) and the session store, which is looked for at ``location`` too (same file
     or schema) unless ``sessions`` names where it lives."""
     from gateway_ledger.application.delivery.ledger import DeliveryLedger
+    from gateway_ledger.bootstrap import open_sessions_for_erasure
 
     if not str(location):
         raise InvalidInput("forget_session needs a store location")
@@ -386,6 +363,7 @@ def finish_erasure_cleanup(location: str | Path, *, sessions: str | Path | None 
     run from cron without holding the gateway's writers off (ADR 0028).
     """
     from gateway_ledger.application.delivery.ledger import DeliveryLedger
+    from gateway_ledger.bootstrap import open_sessions_for_erasure
 
     ledger = DeliveryLedger.open(location)
     try:
