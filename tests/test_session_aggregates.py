@@ -7,6 +7,7 @@ rebuilds the same state. Their ids key stored aggregates, so they are pinned.
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID, uuid4
@@ -219,6 +220,37 @@ def test_every_session_event_keeps_its_stored_name() -> None:
     keying = SessionKeying.establish(mode="raw", now=T0)
     assert [type(e).__name__ for e in keying.collect_events()] == ["Established"]
     assert [type(e).__name__ for e in erase().collect_events()] == ["SubjectErased"]
+
+
+STORED_FIELDS: dict[type, tuple[str, ...]] = {
+    Session.Started: ("session_id", "key", "source", "previous_session_id", "started_reason"),
+    Session.MessageAppended: ("seq", "role", "content", "platform_message_id"),
+    Session.ResumeMarked: ("reason",),
+    Session.ResumeCleared: (),
+    Session.Suspended: (),
+    Session.Reset: ("reason", "successor_session_id"),
+    SessionRoute.Opened: ("key", "session_id"),
+    SessionRoute.Rotated: ("previous_session_id", "session_id", "reason"),
+    InboundMessage.Seen: ("platform", "chat_scope", "platform_message_id", "session_id", "seq"),
+    SessionKeying.Established: ("mode",),
+    Erasure.SubjectErased: (
+        "subject_id",
+        "by",
+        "requested_by",
+        "destroyed_keys",
+        "abandoned",
+        "sessions",
+    ),
+}
+"""What each event stores besides the library's own fields, in order: never changed."""
+
+
+def test_every_event_class_declares_exactly_its_stored_fields() -> None:
+    library = ("originator_id", "originator_version", "timestamp", "originator_topic")
+    for cls, fields in STORED_FIELDS.items():
+        names = tuple(f.name for f in dataclasses.fields(cls) if f.name not in library)
+        assert names == fields, cls.__qualname__
+    assert MessageAppended is Session.MessageAppended
 
 
 @pytest.mark.parametrize(
