@@ -1,4 +1,9 @@
-"""The only place the ledger reads the wall clock; the domain is always handed ``now``."""
+"""The only place gateway-ledger reads the wall clock; the domain is always handed ``now``.
+
+Every application takes a ``clock`` (tests give a fixed or stepping one); this is the
+default. It is part of the application layer because reading the time is what a use case
+does before it asks the domain to decide: no store, thread or file is behind it.
+"""
 
 from __future__ import annotations
 

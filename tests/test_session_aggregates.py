@@ -13,6 +13,7 @@ from typing import Any
 from uuid import UUID, uuid4
 
 import pytest
+from eventsourcing.utils import get_topic, resolve_topic
 
 from gateway_ledger.domain.errors import IllegalTransition, InvalidInput
 from gateway_ledger.domain.privacy.erasure import Erasure
@@ -245,6 +246,30 @@ STORED_FIELDS: dict[type, tuple[str, ...]] = {
 """What each event stores besides the library's own fields, in order: never changed."""
 
 
+STORED_MODULES = {
+    Session: "gateway_ledger.domain.session",
+    SessionRoute: "gateway_ledger.domain.session_route",
+    InboundMessage: "gateway_ledger.domain.session_route",
+    SessionKeying: "gateway_ledger.domain.session_route",
+    Erasure: "gateway_ledger.domain.erasure",
+}
+"""The modules these aggregates were first stored under: every stored event names its class
+by ``<module>:<qualname>``, so they never change wherever the code lives."""
+
+
+def test_every_event_is_written_and_read_under_its_first_topic() -> None:
+    for aggregate, module in STORED_MODULES.items():
+        for cls in (
+            aggregate,
+            *(c for c in STORED_FIELDS if c.__qualname__.startswith(aggregate.__qualname__ + ".")),
+        ):
+            topic = f"{module}:{cls.__qualname__}"
+            assert get_topic(cls) == topic and resolve_topic(topic) is cls
+    assert get_topic(Session.MessageAppended) == (
+        "gateway_ledger.domain.session:Session.MessageAppended"
+    )
+
+
 def test_every_event_class_declares_exactly_its_stored_fields() -> None:
     library = ("originator_id", "originator_version", "timestamp", "originator_topic")
     for cls, fields in STORED_FIELDS.items():
@@ -331,7 +356,8 @@ def test_a_route_opens_at_a_session_and_rotates_to_new_ones() -> None:
         "idle",
     )
     assert replay_matches(route, events)
-    with pytest.raises(IllegalTransition, match="same session"):
+    refused = rf"^SessionRoute {KEY} is at {SID}; refused rotated: same session$"
+    with pytest.raises(IllegalTransition, match=refused):
         route.rotate(session_id=SID, reason="idle", now=at(3))
     with pytest.raises(InvalidInput, match="is not YYYYmmdd"):
         route.rotate(session_id="x", reason="idle", now=at(3))

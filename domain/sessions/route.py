@@ -65,11 +65,11 @@ class SessionRoute(Aggregate):
 
     # -- guards ---------------------------------------------------------------------------------
 
-    def check_moves(self, session_id: str, transition: str) -> None:
+    def check_rotates_to(self, session_id: str) -> None:
         """A rotation goes to another session: the current one ended, so it cannot continue."""
         if session_id == self.session_id:
             raise IllegalTransition(
-                "SessionRoute", self.key, f"at {self.session_id}", transition, "same session"
+                "SessionRoute", self.key, f"at {self.session_id}", "rotated", "same session"
             )
 
     # -- commands -------------------------------------------------------------------------------
@@ -77,15 +77,15 @@ class SessionRoute(Aggregate):
     @classmethod
     def open(cls, *, key: str, session_id: str, now: datetime) -> SessionRoute:
         require_text("session key", key)
-        require_session_id(session_id)
+        session_id = require_session_id(session_id)
         require_aware("now", now)
         return cls._create(cls.Opened, key=key, session_id=session_id, timestamp=now)
 
     def rotate(self, *, session_id: str, reason: ResetReason, now: datetime) -> None:
         require_aware("now", now)
         reason = require_choice("reset reason", reason, ResetReason)
-        require_session_id(session_id)
-        self.check_moves(session_id, "rotated")
+        session_id = require_session_id(session_id)
+        self.check_rotates_to(session_id)
         self._rotated(
             previous_session_id=self.session_id,
             session_id=session_id,

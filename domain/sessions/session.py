@@ -147,7 +147,7 @@ class Session(Aggregate):
         previous_session_id: str | None = None,
         reason: ResetReason | None = None,
     ) -> Session:
-        require_session_id(session_id)
+        session_id = require_session_id(session_id)
         require_text("session key", key)
         if not isinstance(source, SessionSource):
             raise InvalidInput("source must be a SessionSource")
