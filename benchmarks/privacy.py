@@ -27,8 +27,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from gateway_ledger.application.sessions.store import SessionStore
-from gateway_ledger.bootstrap import DeliveryLedger
+from gateway_ledger.bootstrap import DeliveryLedger, SessionStore
 from gateway_ledger.domain.sessions.source import SessionSource
 
 T0 = datetime(2026, 7, 20, tzinfo=UTC)

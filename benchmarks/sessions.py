@@ -17,7 +17,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from gateway_ledger.application.sessions.store import SessionStore
+from gateway_ledger.bootstrap import SessionStore
 from gateway_ledger.domain.sessions.route import SessionRoute
 from gateway_ledger.domain.sessions.session import Session, format_session_id
 from gateway_ledger.domain.sessions.source import SessionSource
@@ -51,7 +51,7 @@ def fill_messages(store: SessionStore, src: SessionSource, count: int) -> str:
     ctx = store.resolve(src, T0)
     done = 0
     while done < count:
-        session = store._load_session(ctx.session_id)
+        session = store.load_session(ctx.session_id)
         for _ in range(min(500, count - done)):
             done += 1
             session.append_message(role="user", content=f"message {done} " + "x" * 80, now=T0)

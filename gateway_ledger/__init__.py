@@ -30,7 +30,7 @@ _EXPORTS: dict[str, str] = {
     # operating
     "ViewFollower": "gateway_ledger.projections.follower",
     # sessions
-    "SessionStore": "gateway_ledger.application.sessions.store",
+    "SessionStore": "gateway_ledger.bootstrap",
     "SessionSource": "gateway_ledger.domain.sessions.source",
     "build_session_key": "gateway_ledger.domain.sessions.key",
     "is_path_unsafe": "gateway_ledger.domain.sessions.key",

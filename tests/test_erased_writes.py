@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 
 from gateway_ledger.application.delivery.ports import Reply, ReplyContext
-from gateway_ledger.application.sessions.store import SessionStore
-from gateway_ledger.bootstrap import DeliveryLedger, Gateway
+from gateway_ledger.bootstrap import DeliveryLedger, Gateway, SessionStore
 from gateway_ledger.domain.errors import LedgerError, SessionErased
 from gateway_ledger.domain.sessions.source import SessionSource
 from gateway_ledger.infrastructure.eventstore.group_commit import GroupCommitWriter

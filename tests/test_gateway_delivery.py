@@ -308,7 +308,7 @@ def test_recovered_reply_clears_the_real_session_resume_flag(
 ) -> None:
     """With issue 4's SessionStore: the redelivered turn is not re-run after the restart."""
     from gateway_ledger.application.delivery.recovery_port import SessionStoreResume
-    from gateway_ledger.application.sessions.store import SessionStore
+    from gateway_ledger.bootstrap import SessionStore
     from gateway_ledger.domain.sessions.source import SessionSource
 
     async def main() -> None:

@@ -19,8 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway_ledger.application.sessions.store import SessionStore
-from gateway_ledger.bootstrap import DeliveryLedger
+from gateway_ledger.bootstrap import DeliveryLedger, SessionStore
 from gateway_ledger.domain.errors import ConflictingRecord, InvalidInput
 from gateway_ledger.domain.sessions.source import SessionSource
 from gateway_ledger.domain.values import (

@@ -20,8 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway_ledger.application.sessions.store import SessionStore
-from gateway_ledger.bootstrap import DeliveryLedger
+from gateway_ledger.bootstrap import DeliveryLedger, SessionStore
 from gateway_ledger.domain.errors import InvalidInput, LedgerError
 from gateway_ledger.domain.sessions.key import SessionSource
 from gateway_ledger.infrastructure.privacy.master_key import MASTER_KEY_ENV

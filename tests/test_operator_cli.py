@@ -15,8 +15,7 @@ from typing import Any
 import pytest
 
 from gateway_ledger.application.delivery.metrics import METRIC_NAMES
-from gateway_ledger.application.sessions.store import SessionStore
-from gateway_ledger.bootstrap import DeliveryLedger
+from gateway_ledger.bootstrap import DeliveryLedger, SessionStore
 from gateway_ledger.domain.sessions.source import SessionSource
 from tests.operator_support import owner, plant_late_delivery, plant_unmarked_resend, record
 

@@ -27,8 +27,7 @@ from privacy_support import store_bytes
 
 import gateway_ledger.domain
 from gateway_ledger.application.privacy.erasure import DELIVERY_PRIVACY, SESSION_PRIVACY
-from gateway_ledger.application.sessions.store import SessionStore
-from gateway_ledger.bootstrap import DeliveryLedger
+from gateway_ledger.bootstrap import DeliveryLedger, SessionStore
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation
 from gateway_ledger.domain.privacy.erasure import Erasure
 from gateway_ledger.domain.sessions.route import (

@@ -26,8 +26,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from privacy_support import store_bytes
 
 from gateway_ledger.application.privacy.erasure import erasures
-from gateway_ledger.application.sessions.store import SessionStore
-from gateway_ledger.bootstrap import DeliveryLedger, forget_session
+from gateway_ledger.bootstrap import DeliveryLedger, SessionStore, forget_session
 from gateway_ledger.domain.errors import InvalidInput
 from gateway_ledger.domain.sessions.route import route_uuid
 from gateway_ledger.domain.sessions.source import SessionSource
@@ -159,7 +158,7 @@ def test_no_personal_data_of_either_half_in_clear_at_rest(
     assert [m.platform_message_id for m in fresh.history(session_id, last=3)] == PLATFORM_IDS[-3:]
     assert fresh.seen(SOURCE, PLATFORM_IDS[0]) and not fresh.seen(SOURCE, "pmid-unknown")
     assert fresh.append(fresh.resolve(SOURCE, T0), "user", "dup", PLATFORM_IDS[3]).duplicate
-    assert fresh._load_session(session_id).source == SOURCE
+    assert fresh.load_session(session_id).source == SOURCE
     assert fresh.resolve(SOURCE, T0 + timedelta(minutes=1)).key == key
     ledger.recoverable.catch_up()  # the recovery projection copies clear fields only
     assert [e.obligation_id for e in ledger.recoverable.entries()] == ["reply-1"]
@@ -197,7 +196,7 @@ def test_forget_session_erases_both_halves(
     assert {m.content for m in history} == {ERASED}
     assert {m.platform_message_id for m in history} == {ERASED}
     assert {m.role for m in history} == {"user"}  # the non-personal facts survive
-    old = fresh._load_session(session_id)  # from its snapshot and the events after it
+    old = fresh.load_session(session_id)  # from its snapshot and the events after it
     assert (old.key, old.source.user_name, old.source.chat_id) == (ERASED, ERASED, ERASED)
     assert old.message_count == 25 and old.suspended
     exported = fresh.export_transcript(session_id, tmp_path / "export")
@@ -213,7 +212,7 @@ def test_forget_session_erases_both_halves(
     fresh.append(ctx, "user", "a new beginning", "pmid-new", now=T0 + timedelta(minutes=5))
     again = SessionStore.open(store_location, secret_dir=secret_dir)
     assert [m.content for m in again.history(ctx.session_id)] == ["a new beginning"]
-    assert again._load_session(ctx.session_id).source == SOURCE
+    assert again.load_session(ctx.session_id).source == SOURCE
 
     raw = store_bytes(store_location, fresh, again)
     assert_no_secret(raw)

@@ -7,11 +7,13 @@ rebuilds the same state. Their ids key stored aggregates, so they are pinned.
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID, uuid4
 
 import pytest
+from eventsourcing.utils import get_topic, resolve_topic
 
 from gateway_ledger.domain.errors import IllegalTransition, InvalidInput
 from gateway_ledger.domain.privacy.erasure import Erasure
@@ -221,6 +223,61 @@ def test_every_session_event_keeps_its_stored_name() -> None:
     assert [type(e).__name__ for e in erase().collect_events()] == ["SubjectErased"]
 
 
+STORED_FIELDS: dict[type, tuple[str, ...]] = {
+    Session.Started: ("session_id", "key", "source", "previous_session_id", "started_reason"),
+    Session.MessageAppended: ("seq", "role", "content", "platform_message_id"),
+    Session.ResumeMarked: ("reason",),
+    Session.ResumeCleared: (),
+    Session.Suspended: (),
+    Session.Reset: ("reason", "successor_session_id"),
+    SessionRoute.Opened: ("key", "session_id"),
+    SessionRoute.Rotated: ("previous_session_id", "session_id", "reason"),
+    InboundMessage.Seen: ("platform", "chat_scope", "platform_message_id", "session_id", "seq"),
+    SessionKeying.Established: ("mode",),
+    Erasure.SubjectErased: (
+        "subject_id",
+        "by",
+        "requested_by",
+        "destroyed_keys",
+        "abandoned",
+        "sessions",
+    ),
+}
+"""What each event stores besides the library's own fields, in order: never changed."""
+
+
+STORED_MODULES = {
+    Session: "gateway_ledger.domain.session",
+    SessionRoute: "gateway_ledger.domain.session_route",
+    InboundMessage: "gateway_ledger.domain.session_route",
+    SessionKeying: "gateway_ledger.domain.session_route",
+    Erasure: "gateway_ledger.domain.erasure",
+}
+"""The modules these aggregates were first stored under: every stored event names its class
+by ``<module>:<qualname>``, so they never change wherever the code lives."""
+
+
+def test_every_event_is_written_and_read_under_its_first_topic() -> None:
+    for aggregate, module in STORED_MODULES.items():
+        for cls in (
+            aggregate,
+            *(c for c in STORED_FIELDS if c.__qualname__.startswith(aggregate.__qualname__ + ".")),
+        ):
+            topic = f"{module}:{cls.__qualname__}"
+            assert get_topic(cls) == topic and resolve_topic(topic) is cls
+    assert get_topic(Session.MessageAppended) == (
+        "gateway_ledger.domain.session:Session.MessageAppended"
+    )
+
+
+def test_every_event_class_declares_exactly_its_stored_fields() -> None:
+    library = ("originator_id", "originator_version", "timestamp", "originator_topic")
+    for cls, fields in STORED_FIELDS.items():
+        names = tuple(f.name for f in dataclasses.fields(cls) if f.name not in library)
+        assert names == fields, cls.__qualname__
+    assert MessageAppended is Session.MessageAppended
+
+
 @pytest.mark.parametrize(
     "command",
     [
@@ -299,7 +356,8 @@ def test_a_route_opens_at_a_session_and_rotates_to_new_ones() -> None:
         "idle",
     )
     assert replay_matches(route, events)
-    with pytest.raises(IllegalTransition, match="same session"):
+    refused = rf"^SessionRoute {KEY} is at {SID}; refused rotated: same session$"
+    with pytest.raises(IllegalTransition, match=refused):
         route.rotate(session_id=SID, reason="idle", now=at(3))
     with pytest.raises(InvalidInput, match="is not YYYYmmdd"):
         route.rotate(session_id="x", reason="idle", now=at(3))

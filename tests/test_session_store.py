@@ -7,15 +7,23 @@ import stat
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from gateway_ledger.application.sessions.store import SessionStore
+from gateway_ledger.application.sessions.admin import list_sessions
+from gateway_ledger.application.sessions.store import SessionsApplication
+from gateway_ledger.application.sessions.views import TranscriptMessage
+from gateway_ledger.bootstrap import SessionStore
 from gateway_ledger.domain.errors import IllegalTransition, InvalidInput, NotFound
+from gateway_ledger.domain.privacy.hashing import KeyedHasher
 from gateway_ledger.domain.sessions.policy import ResetPolicies, ResetPolicy
+from gateway_ledger.domain.sessions.route import SessionKeying
 from gateway_ledger.domain.sessions.source import SessionSource
+from gateway_ledger.infrastructure.eventstore.store import store_environment
+from gateway_ledger.infrastructure.privacy.secrets import load_or_create_secret, secret_path
 
 T0 = datetime(2026, 7, 20, 10, 0, tzinfo=UTC)
 ALICE = SessionSource(platform="telegram", chat_id="99", user_id="4242", user_name="alice")
@@ -99,7 +107,7 @@ def test_trust_flags_never_reach_the_store(store_location: str, secret_dir: Path
     )
     ctx = store.resolve(trusted, T0)
     store.append(ctx, "user", "x", now=T0)
-    stored = store._load_session(ctx.session_id).source
+    stored = store.load_session(ctx.session_id).source
     assert stored == trusted and not stored.role_authorized
     assert not stored.delivered_via_upstream_relay
     blobs = b"".join(n.state for n in store.recorder.select_notifications(start=1, limit=100))
@@ -233,6 +241,107 @@ def test_export_transcript(store_location: str, secret_dir: Path, tmp_path: Path
     assert not (tmp_path / "escape.jsonl").exists()
 
 
+def test_route_of_and_load_session_read_the_current_state(
+    store_location: str, secret_dir: Path
+) -> None:
+    store = open_store(store_location, secret_dir)
+    assert store.route_of("agent:main:telegram:dm:nobody") is None
+    ctx = store.resolve(ALICE, T0)
+    store.append(ctx, "user", "hello", now=T0)
+    route = store.route_of(ctx.key)
+    assert route is not None and (route.key, route.session_id) == (ctx.key, ctx.session_id)
+    session = store.load_session(ctx.session_id)
+    assert (session.session_id, session.message_count, session.source) == (
+        ctx.session_id,
+        1,
+        ALICE,
+    )
+    nxt = store.reset(ctx.key, now=T0 + timedelta(seconds=1))
+    route = store.route_of(ctx.key)
+    assert route is not None and route.session_id == nxt.session_id and route.rotations == 1
+    assert store.load_session(ctx.session_id).successor_session_id == nxt.session_id
+    with pytest.raises(NotFound, match=r"no session with id '20260101_000000_00000000'"):
+        store.load_session("20260101_000000_00000000")
+
+
+def test_a_constructed_store_records_its_keying_only_when_it_first_makes_a_key(
+    store_location: str, tmp_path: Path
+) -> None:
+    """The constructor makes no secret and writes no record; the first key checks."""
+    keyed = KeyedHasher(b"k" * 32)
+    store = SessionStore(store_environment(store_location), hasher=keyed)
+    try:
+        assert SessionKeying.create_id() not in store.repository
+        assert store.resolve(ALICE, T0).is_new
+        recorded = store.repository.get(SessionKeying.create_id())
+        assert isinstance(recorded, SessionKeying) and recorded.mode == store.keying_mode
+    finally:
+        store.close()
+    assert not [p for p in tmp_path.iterdir() if "secret" in p.name]
+    other = SessionStore(store_environment(store_location), hasher=KeyedHasher(b"o" * 32))
+    try:
+        with pytest.raises(InvalidInput, match="another secret"):
+            other.resolve(ALICE, T0)
+        with pytest.raises(InvalidInput, match="another secret"):
+            other.seen(ALICE, "101")
+    finally:
+        other.close()
+    unchecked = SessionStore(store_environment(store_location), raw_keys=True, keying_check=False)
+    try:
+        assert unchecked.resolve(ALICE, T0).key == "agent:main:telegram:dm:99"
+    finally:
+        unchecked.close()
+
+
+def test_the_stored_name_does_not_depend_on_the_class(store_location: str) -> None:
+    """The library names an application after its class: its events' identity and, on
+    PostgreSQL, its tables. Every class of the session store keeps ``gateway_sessions``."""
+
+    class Renamed(SessionStore):
+        pass
+
+    assert SessionsApplication.name == SessionStore.name == Renamed.name == "gateway_sessions"
+    store = Renamed(store_environment(store_location), raw_keys=True)
+    try:
+        store.resolve(ALICE, T0)
+    finally:
+        store.close()
+    reopened = open_store(store_location, Path("unused"), raw_keys=True)
+    assert [s.session_id for s in list_sessions(reopened)] != []
+
+
+def test_export_hands_the_messages_to_the_transcript_writer(
+    store_location: str, secret_dir: Path, tmp_path: Path
+) -> None:
+    """The application reads the transcript; writing the file is the writer's (a port)."""
+    written: list[tuple[Path, str, list[TranscriptMessage]]] = []
+
+    class Recording:
+        def write_transcript(
+            self, directory: Path, session_id: str, messages: Iterable[TranscriptMessage]
+        ) -> Path:
+            written.append((directory, session_id, list(messages)))
+            return directory / "somewhere"
+
+    class Recorded(SessionStore):
+        transcript_writer = Recording()
+
+    open_store(store_location, secret_dir)  # the secret, and the keying record
+    hasher = KeyedHasher(load_or_create_secret(secret_path(store_location, secret_dir)))
+    store = Recorded(store_environment(store_location), hasher=hasher)
+    ctx = store.resolve(ALICE, T0)
+    store.append(ctx, "user", "one", now=T0)
+    store.append(ctx, "assistant", "two", now=T0)
+    out = tmp_path / "out"
+    assert store.export_transcript(ctx.session_id, str(out)) == out / "somewhere"
+    assert written == [(out, ctx.session_id, store.history(ctx.session_id))]
+    assert [m.content for m in written[0][2]] == ["one", "two"]
+    assert not out.exists()  # nothing but the writer writes
+    with pytest.raises(NotFound):
+        store.export_transcript("20260101_000000_00000000", out)
+    assert len(written) == 1
+
+
 def test_google_chat_sessions_survive_in_raw_mode(store_location: str, secret_dir: Path) -> None:
     store = open_store(store_location, secret_dir, raw_keys=True)
     src = SessionSource(
@@ -256,7 +365,7 @@ CHILD = textwrap.dedent(
     """
     import json, os, sys, time
     from datetime import datetime, UTC
-    from gateway_ledger.application.sessions.store import SessionStore
+    from gateway_ledger.bootstrap import SessionStore
     from gateway_ledger.domain.sessions.source import SessionSource
 
     location, secret_dir, mode = sys.argv[1], sys.argv[2], sys.argv[3]

@@ -371,8 +371,7 @@ def create_postgres_tables(url: str) -> None:
     """The schema's tables as this release's own code creates them: the ledger (and its key
     tables, through the check a gateway makes at start) and the session store (without its
     keying record: that row comes from the export like every other)."""
-    from gateway_ledger.application.sessions.store import SessionStore
-    from gateway_ledger.bootstrap import DeliveryLedger
+    from gateway_ledger.bootstrap import DeliveryLedger, SessionStore
     from gateway_ledger.infrastructure.eventstore.store import store_environment
     from gateway_ledger.infrastructure.ownership.leases import LeaseSettings
 

@@ -34,8 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import golden_stores as gs
 
-from gateway_ledger.application.sessions.store import SessionStore
-from gateway_ledger.bootstrap import DeliveryLedger
+from gateway_ledger.bootstrap import DeliveryLedger, SessionStore
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation, obligation_uuid
 from gateway_ledger.domain.sessions.policy import ResetPolicies, ResetPolicy
 from gateway_ledger.domain.sessions.source import SessionSource

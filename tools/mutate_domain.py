@@ -140,7 +140,7 @@ ERROR_TEXT_ARGS: dict[str, tuple[int, ...] | None] = {
     "IllegalTransition": None,
     "_refuse": None,
     "check_state": (0,),
-    "_require_open": (0,),
+    "check_open": (0,),
     "require_text": (0,),
     "require_clear_text": (0,),
     "require_content": (0,),

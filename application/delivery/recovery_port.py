@@ -43,10 +43,10 @@ class SessionStoreResume:
         self.store = store
 
     def clear_resume(self, session_key: str, now: datetime) -> None:
-        route = self.store._get_route(session_key)
+        route = self.store.route_of(session_key)
         if route is None:
             return
-        session = self.store._load_session(route.session_id)
+        session = self.store.load_session(route.session_id)
         if session.resume_pending:
             self.store.clear_resume_pending(route.session_id, now=now)
 

@@ -313,7 +313,7 @@ def erasures(ledger: ErasableLedger) -> list[Erasure]:
     """Every erasure recorded in this store, oldest first (for audits)."""
     from eventsourcing.utils import get_topic
 
-    topic = get_topic(Erasure.SubjectErased)  # type: ignore[attr-defined]
+    topic = get_topic(Erasure.SubjectErased)
     found: list[Erasure] = []
     start = None
     while True:

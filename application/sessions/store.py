@@ -1,4 +1,4 @@
-"""SessionStore: which conversation a message belongs to, persisted as events.
+"""The session store: which conversation a message belongs to, persisted as events.
 
 ``resolve`` maps a SessionSource to its session key and the key's current session (via a
 ``SessionRoute`` aggregate per key, ADR 0008), applying the reset policies; ``append`` adds
@@ -6,32 +6,37 @@ a message; ``history`` reads the newest messages without replaying the whole con
 Every write is one ``save()`` of the aggregates it touches, so it commits atomically and
 optimistic concurrency on their versions decides every race.
 
-Personal fields (message text, who and where, the session key) are sealed at rest under the
-session key's data key, the same subject as the delivery ledger's (``SESSION_PRIVACY``,
-ADR 0012 and ADR 0013); inbound platform message ids are stored only as keyed hashes.
+This module holds the conversations and their reset rules. How keys and inbound ids are
+made is ``keying.py``, reading transcripts ``transcripts.py``, pins ``pins.py``. Nothing here
+touches a file, a secret or a connection: the composition root (``gateway_ledger/bootstrap.py``)
+subclasses :class:`SessionsApplication` with the sealing mapper, the transcoder and the
+transcript writer, and opens it (``SessionStore.open``). Personal fields are sealed at rest
+there, under the session key's data key (ADR 0012, ADR 0013).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
-from datetime import tzinfo
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from datetime import datetime, tzinfo
 from pathlib import Path
 from typing import Any, ClassVar
 from uuid import UUID
 from zoneinfo import ZoneInfo
 
-import orjson
 from eventsourcing.application import AggregateNotFoundError, Application
 from eventsourcing.domain import Aggregate
-from eventsourcing.persistence import IntegrityError, Transcoder, Transcoding
+from eventsourcing.persistence import IntegrityError
 
 from gateway_ledger.application.clock import Clock, system_clock
-from gateway_ledger.application.delivery.ledger import VALUE_OBJECTS
-from gateway_ledger.application.privacy.erasure import SESSION_PRIVACY
+from gateway_ledger.application.sessions.keying import SessionKeys
+from gateway_ledger.application.sessions.pins import SessionPins
+from gateway_ledger.application.sessions.ports import TranscriptWriter
+from gateway_ledger.application.sessions.transcripts import TranscriptReader
 from gateway_ledger.application.sessions.views import (
     AppendResult,
     SessionContext,
@@ -41,11 +46,11 @@ from gateway_ledger.domain.errors import (
     ConcurrentUpdate,
     IllegalTransition,
     InvalidInput,
+    LedgerError,
     NotFound,
     SessionErased,
 )
-from gateway_ledger.domain.privacy.hashing import KeyedHasher
-from gateway_ledger.domain.sessions.key import Hasher, build_session_key, is_path_unsafe
+from gateway_ledger.domain.sessions.key import Hasher, is_path_unsafe
 from gateway_ledger.domain.sessions.policy import (
     DEFAULT_AUTO_CONTINUE_SECONDS,
     ResetPolicies,
@@ -59,19 +64,9 @@ from gateway_ledger.domain.sessions.route import (
     inbound_uuid,
     route_uuid,
 )
-from gateway_ledger.domain.sessions.session import (
-    MessageAppended,
-    Session,
-    format_session_id,
-    session_uuid,
-)
+from gateway_ledger.domain.sessions.session import Session, format_session_id, session_uuid
 from gateway_ledger.domain.sessions.source import SessionSource
 from gateway_ledger.domain.values import require_aware, require_clear_text, require_text
-from gateway_ledger.infrastructure.eventstore.store import opening, store_environment
-from gateway_ledger.infrastructure.eventstore.transcoder import AttrsTranscoding, OrjsonTranscoder
-from gateway_ledger.infrastructure.privacy.private_files import replace_private_file
-from gateway_ledger.infrastructure.privacy.private_mapper import ENCRYPT_ENV, PrivateEvents
-from gateway_ledger.infrastructure.privacy.secrets import load_or_create_secret, secret_path
 
 log = logging.getLogger("gateway_ledger.sessions")
 
@@ -79,30 +74,7 @@ SESSIONS_APPLICATION_NAME = "gateway_sessions"
 """Part of the stored identity of every event; never change it on an existing store."""
 
 AUTO_CONTINUE_ENV = "GATEWAY_LEDGER_AUTO_CONTINUE_SECONDS"
-RAW_KEYS_MODE = "raw"
-_RETRIES = 8
-_PAGE = 500
-
-
-class SessionSourceTranscoding(Transcoding):
-    """Stores a SessionSource through ``to_dict``/``from_dict``: trust flags never reach disk."""
-
-    type = SessionSource
-    name = "SessionSource"
-
-    def encode(self, obj: SessionSource) -> dict[str, Any]:
-        return obj.to_dict()
-
-    def decode(self, data: dict[str, Any]) -> SessionSource:
-        return SessionSource.from_dict(data)
-
-
-def build_transcoder() -> Transcoder:
-    transcoder = OrjsonTranscoder()
-    for cls in VALUE_OBJECTS:
-        transcoder.register(AttrsTranscoding(cls))
-    transcoder.register(SessionSourceTranscoding())
-    return transcoder
+RETRIES = 8
 
 
 def auto_continue_from_env(environ: Mapping[str, str] | None = None) -> float:
@@ -121,19 +93,27 @@ def random_suffix() -> str:
     return secrets.token_hex(4)
 
 
-class SessionStore(PrivateEvents, Application[UUID]):
+class SessionsApplication(Application[UUID]):
     """Conversations keyed by where messages come from, surviving restarts.
 
-    Personal fields are encrypted at rest by default, snapshots included; ``encrypt=False``
-    stores new events in clear (upstream compatibility). Reading always decrypts.
+    The composition root's ``SessionStore`` is this class with its ports filled: the
+    transcoder (``construct_transcoder``), the sealing mapper, :attr:`transcript_writer`,
+    :meth:`derived_secret` and :meth:`reading_state_only`.
     """
 
     name = SESSIONS_APPLICATION_NAME
-    privacy_policy = SESSION_PRIVACY
     snapshotting_intervals: ClassVar[dict[Any, int]] = {
         Session: 20,
         SessionRoute: 20,
     }
+    transcript_writer: ClassVar[TranscriptWriter | None] = None
+    """Writes exported transcripts (``export_transcript``); set by the composition root."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """The library names an application after its class; a subclass that fills the
+        ports keeps the stored name (its PostgreSQL tables, every event's identity)."""
+        super().__init_subclass__(**kwargs)
+        cls.name = SESSIONS_APPLICATION_NAME
 
     def __init__(
         self,
@@ -152,17 +132,25 @@ class SessionStore(PrivateEvents, Application[UUID]):
         encrypt: bool | None = None,
         keying_check: bool = True,
     ) -> None:
-        """``keying_check=False`` is for maintenance that computes no key from a source
+        """Keys are keyed hashes under ``hasher`` unless ``raw_keys=True``. ``encrypt``:
+        whether new events are sealed at rest (None: as the store's environment says).
+
+        Nothing is read or written here beyond what the library's ``Application`` does
+        when it is built: how the store's keys were made is checked by ``check_keying``
+        (``SessionStore.open`` calls it), else before the first key is made from a source.
+        ``keying_check=False`` is for maintenance that computes no key from a source
         (erasure): it neither records nor checks how keys are made."""
         if hasher is None and not raw_keys:
             raise InvalidInput(
                 "pass hasher= (SessionStore.open makes a keyed one) or raw_keys=True"
             )
-        env = dict(env or {})
-        if encrypt is not None:
-            env[ENCRYPT_ENV] = "y" if encrypt else "n"
-        super().__init__(env=env)
-        self.hasher = None if raw_keys else hasher
+        self.keys = SessionKeys(
+            None if raw_keys else hasher,
+            group_sessions_per_user=group_sessions_per_user,
+            thread_sessions_per_user=thread_sessions_per_user,
+            derived_secret=self.derived_secret,
+        )
+        self.pins = SessionPins(has_active_processes)
         self.policies = policies or ResetPolicies()
         self.zone: tzinfo = ZoneInfo(timezone) if isinstance(timezone, str) else timezone
         self.auto_continue_seconds = (
@@ -170,157 +158,88 @@ class SessionStore(PrivateEvents, Application[UUID]):
             if auto_continue_seconds is None
             else float(auto_continue_seconds)
         )
-        self.group_sessions_per_user = group_sessions_per_user
-        self.thread_sessions_per_user = thread_sessions_per_user
-        self.has_active_processes = has_active_processes
         self.clock = clock
         self.new_suffix = new_suffix
-        self._pins: dict[str, int] = {}
-        self._id_hasher: Hasher | None = self.hasher
-        if keying_check:
-            self._check_keying()
+        self.encrypt = encrypt
+        self._keying_checked = not keying_check
+        super().__init__(env=dict(env or {}))
+        self.transcripts = TranscriptReader(self.events)
 
-    @classmethod
-    def open(
-        cls,
-        location: str | Path,
-        *,
-        raw_keys: bool = False,
-        secret_dir: str | Path | None = None,
-        existing: bool = False,
-        **options: Any,
-    ) -> SessionStore:
-        """Open (creating if needed) the store at a file path or a postgresql:// URL.
+    # -- ports the composition root fills -------------------------------------------------------
 
-        Keys are hashed with this installation's secret (created on first use, 0600) unless
-        ``raw_keys=True``: upstream's raw keys, for migrating an existing installation.
-        ``existing=True`` (the operators' commands) opens only a gateway-ledger store that
-        is there, read-only if this process cannot write it.
-        """
-        env = store_environment(location, existing=True) if existing else None
-        hasher = None
-        if not raw_keys:
-            hasher = KeyedHasher(load_or_create_secret(secret_path(location, secret_dir)))
-        with opening(location):
-            return cls(
-                env or store_environment(location), hasher=hasher, raw_keys=raw_keys, **options
-            )
+    def derived_secret(self, purpose: str) -> bytes:
+        """A secret derived from the store's master key for ``purpose`` (see ports.py)."""
+        raise LedgerError("this session store has no master key to derive a secret from")
 
-    # -- erasure (the session half of ``privacy.forget_session``) ------------------------------
-
-    def sessions_of(self, key: str) -> list[str]:
-        """Every session id the key has had, oldest first (from its route; no key needed)."""
-        found: list[str] = []
-        for e in self.events.get(route_uuid(require_text("session key", key))):
-            session_id = getattr(e, "session_id", None)
-            if isinstance(session_id, str) and session_id not in found:
-                found.append(session_id)
-        return found
-
-    def end_for_erasure(self, key: str, now: Any = None) -> list[str]:
-        """Suspend the key's open session, so the next message starts a fresh one rather
-        than continuing a transcript that reads ``[erased]``. Returns the key's sessions."""
-        now = require_aware("now", self.clock() if now is None else now)
-        sessions = self.sessions_of(key)
-        route = self._get_route(key)
-        if route is not None:
-            session = self._load_session(route.session_id)
-            if not session.ended and not session.suspended:
-                self.suspend(route.session_id, now=now)
-        return sessions
-
-    def construct_transcoder(self) -> Transcoder:
-        return build_transcoder()
+    def reading_state_only(self) -> AbstractContextManager[None]:
+        """Within: aggregates are rebuilt without opening what their state never reads (the
+        text of messages); a sealing mapper honours it, a plain one has nothing to skip."""
+        return contextlib.nullcontext()
 
     # -- keys -----------------------------------------------------------------------------------
 
     @property
-    def keying_mode(self) -> str:
-        if self.hasher is None:
-            return RAW_KEYS_MODE
-        fingerprint = getattr(self.hasher, "fingerprint", None) or "custom"
-        return f"keyed:{fingerprint}"
+    def hasher(self) -> Hasher | None:
+        return self.keys.hasher
 
-    def _check_keying(self) -> None:
-        """Refuse to open a store whose keys were made another way (a lost or swapped secret
-        would otherwise start a new session for every conversation, silently)."""
+    @property
+    def group_sessions_per_user(self) -> bool:
+        return self.keys.group_sessions_per_user
+
+    @property
+    def thread_sessions_per_user(self) -> bool:
+        return self.keys.thread_sessions_per_user
+
+    @property
+    def keying_mode(self) -> str:
+        return self.keys.mode
+
+    def check_keying(self) -> None:
+        """Record how this store's keys are made, or refuse if they were made another way (a
+        lost or swapped secret would otherwise start a new session for every conversation,
+        silently)."""
         for _ in range(2):
             try:
-                keying: Any = self.repository.get(SessionKeying.create_id())
+                keying: object = self.repository.get(SessionKeying.create_id())
             except AggregateNotFoundError:
                 try:
                     self.save(SessionKeying.establish(mode=self.keying_mode, now=self.clock()))
-                    return
                 except IntegrityError:
-                    continue
+                    continue  # another process recorded it first: compare with theirs
+                break
             assert isinstance(keying, SessionKeying)
-            if keying.mode != self.keying_mode:
-                stored = "raw upstream keys" if keying.mode == RAW_KEYS_MODE else "keyed hashes"
-                raise InvalidInput(
-                    f"this session store was created with {stored} ({keying.mode.split(':')[0]}"
-                    f"{', another secret' if keying.mode.startswith('keyed') else ''}); opening "
-                    f"it as {self.keying_mode.split(':')[0]} would orphan every conversation. "
-                    "Use the original secret file, or the original raw_keys setting."
-                )
-            return
+            self.keys.check_recorded(keying.mode)
+            break
+        self._keying_checked = True
 
     def session_key(self, source: SessionSource) -> str:
-        return build_session_key(
-            source,
-            group_sessions_per_user=self.group_sessions_per_user,
-            thread_sessions_per_user=self.thread_sessions_per_user,
-            hasher=self.hasher,
-        )
-
-    def _chat_scope(self, chat_id: str) -> str:
-        return self.hasher(chat_id) if self.hasher else chat_id
+        if not self._keying_checked:
+            self.check_keying()
+        return self.keys.key_of(source)
 
     def _inbound_ids(self, chat_id: str, platform_message_id: str) -> tuple[str, str]:
-        """Chat and message id of an inbound message as keyed hashes, never in clear.
-
-        Keyed mode hashes with the session secret; raw-keys mode with a key derived from
-        the master key (it has no session secret). Either way a guess of chat and message
-        id cannot be confirmed without a secret that is not in the store.
-        """
-        if self._id_hasher is None:
-            derived = self.private_mapper.keyring.derived_key("gateway-ledger/inbound-ids/v1")
-            self._id_hasher = KeyedHasher(derived)
-        return self._id_hasher(chat_id), self._id_hasher(platform_message_id)
+        if not self._keying_checked:
+            self.check_keying()
+        return self.keys.inbound_ids(chat_id, platform_message_id)
 
     # -- pinning --------------------------------------------------------------------------------
 
+    @property
+    def has_active_processes(self) -> Callable[[str], bool] | None:
+        return self.pins.has_active_processes
+
     def pin(self, key: str) -> None:
         """A background process works on ``key``'s session: never reset it until unpinned."""
-        self._pins[key] = self._pins.get(key, 0) + 1
+        self.pins.pin(key)
 
     def unpin(self, key: str) -> None:
-        count = self._pins.get(key, 0) - 1
-        if count > 0:
-            self._pins[key] = count
-        else:
-            self._pins.pop(key, None)
+        self.pins.unpin(key)
 
-    @contextmanager
-    def pinned(self, key: str) -> Iterator[None]:
-        self.pin(key)
-        try:
-            yield
-        finally:
-            self.unpin(key)
+    def pinned(self, key: str) -> AbstractContextManager[None]:
+        return self.pins.pinned(key)
 
     def is_pinned(self, key: str) -> bool:
-        if self._pins.get(key):
-            return True
-        if self.has_active_processes is None:
-            return False
-        try:
-            return bool(self.has_active_processes(key))
-        except Exception as e:  # fail closed: an unknown state keeps the session
-            log.warning(
-                "has_active_processes failed (%s); treating the session as pinned",
-                type(e).__name__,
-            )
-            return True
+        return self.pins.is_pinned(key)
 
     # -- resolve --------------------------------------------------------------------------------
 
@@ -328,8 +247,8 @@ class SessionStore(PrivateEvents, Application[UUID]):
         """The session ``source`` belongs to now, creating or auto-resetting it as needed."""
         now = require_aware("now", self.clock() if now is None else now)
         key = self.session_key(source)
-        for _ in range(_RETRIES):
-            route = self._get_route(key)
+        for _ in range(RETRIES):
+            route = self.route_of(key)
             if route is None:
                 session = self._new_session(key, source, now)
                 route = SessionRoute.open(key=key, session_id=session.session_id, now=now)
@@ -337,7 +256,7 @@ class SessionStore(PrivateEvents, Application[UUID]):
                     continue  # another process opened this key first: join its session
                 log.info("session %s opened", session.session_id)
                 return self._context(key, session, source, is_new=True)
-            session = self._load_session(route.session_id)
+            session = self.load_session(route.session_id)
             decision = decide(
                 pinned=self.is_pinned(key),
                 suspended=session.suspended,
@@ -383,13 +302,13 @@ class SessionStore(PrivateEvents, Application[UUID]):
             raise IllegalTransition(
                 "SessionRoute", key, "pinned by an active background process", "reset"
             )
-        for _ in range(_RETRIES):
-            route = self._get_route(key)
+        for _ in range(RETRIES):
+            route = self.route_of(key)
             if route is None:
                 if source is None:
                     raise NotFound("session key", key)
                 return self.resolve(source, now)
-            session = self._load_session(route.session_id)
+            session = self.load_session(route.session_id)
             successor = self._rotate(
                 key, route, session, source or session.source, reset_reason, now
             )
@@ -404,7 +323,7 @@ class SessionStore(PrivateEvents, Application[UUID]):
         session: Session,
         source: SessionSource,
         reason: ResetReason,
-        now: Any,
+        now: datetime,
     ) -> Session | None:
         # ``key``, not ``route.key``: after an erasure the stored key reads ``[erased]``.
         successor = self._new_session(key, source, now, session.session_id, reason)
@@ -424,7 +343,7 @@ class SessionStore(PrivateEvents, Application[UUID]):
         self,
         key: str,
         source: SessionSource,
-        now: Any,
+        now: datetime,
         previous: str | None = None,
         reason: ResetReason | None = None,
     ) -> Session:
@@ -437,8 +356,8 @@ class SessionStore(PrivateEvents, Application[UUID]):
             reason=reason,
         )
 
+    @staticmethod
     def _context(
-        self,
         key: str,
         session: Session,
         source: SessionSource,
@@ -476,8 +395,8 @@ class SessionStore(PrivateEvents, Application[UUID]):
         if not isinstance(context, SessionContext):
             raise InvalidInput("context must be a SessionContext from resolve()")
         source = context.source
-        for _ in range(_RETRIES):
-            session = self._load_session(context.session_id)
+        for _ in range(RETRIES):
+            session = self.load_session(context.session_id)
             seq = session.append_message(
                 role=role, content=content, now=now, platform_message_id=platform_message_id
             )
@@ -525,61 +444,30 @@ class SessionStore(PrivateEvents, Application[UUID]):
         """The session's messages in order; ``last=N`` reads only the newest N from the store."""
         uuid = self._session_uuid(session_id)
         if last is None:
-            messages = list(self._messages(uuid))
+            messages = list(self.transcripts.messages(uuid))
         else:
             if isinstance(last, bool) or not isinstance(last, int) or last < 0:
                 raise InvalidInput("last must be a non-negative int")
-            messages = self._newest_messages(uuid, last)
-        if not messages and not self._exists(uuid):
+            messages = self.transcripts.newest(uuid, last)
+        if not messages and uuid not in self.repository:
             raise NotFound("session", session_id)
         return messages
 
-    def _newest_messages(self, uuid: UUID, last: int) -> list[TranscriptMessage]:
-        found: list[TranscriptMessage] = []
-        lte: int | None = None
-        while len(found) < last:
-            page = list(self.events.get(uuid, lte=lte, desc=True, limit=last - len(found) + 8))
-            if not page:
-                break
-            found.extend(_message(e) for e in page if isinstance(e, MessageAppended))
-            lte = page[-1].originator_version - 1
-            if lte < 1:
-                break
-        found.reverse()
-        return found[-last:] if last else []
-
-    def _messages(self, uuid: UUID) -> Iterator[TranscriptMessage]:
-        gt: int | None = None
-        while True:
-            page = list(self.events.get(uuid, gt=gt, limit=_PAGE))
-            for e in page:
-                if isinstance(e, MessageAppended):
-                    yield _message(e)
-            if len(page) < _PAGE:
-                return
-            gt = page[-1].originator_version
-
     def export_transcript(self, session_id: str, directory: str | Path) -> Path:
-        """Write ``<directory>/<session_id>.jsonl`` (one message per line, orjson).
+        """Write ``<directory>/<session_id>.jsonl`` (one message per line), owner-only.
 
-        The session id becomes a file name, so it must pass the strict path guard.
+        The session id becomes a file name, so it must pass the strict path guard. The
+        messages are read here; the file is written by the :attr:`transcript_writer`.
         """
         if not isinstance(session_id, str) or not session_id or is_path_unsafe(session_id):
             raise InvalidInput(f"refused to export {session_id!r}: not a safe file name")
         uuid = self._session_uuid(session_id)
-        if not self._exists(uuid):
+        if uuid not in self.repository:
             raise NotFound("session", session_id)
-        folder = Path(directory)
-        folder.mkdir(parents=True, exist_ok=True)
-        # The transcript is personal data: written owner-only, through a temporary that
-        # never follows a planted symlink and is removed if anything fails.
-        target = folder / f"{session_id}.jsonl"
-        count = replace_private_file(
-            target,
-            (orjson.dumps(message.to_dict()) + b"\n" for message in self._messages(uuid)),
-        )
-        log.info("session %s exported: %d messages", session_id, count)
-        return target
+        writer = self.transcript_writer
+        if writer is None:
+            raise LedgerError("this session store has no transcript writer")
+        return writer.write_transcript(Path(directory), session_id, self.transcripts.messages(uuid))
 
     # -- lifecycle markers ----------------------------------------------------------------------
 
@@ -602,41 +490,65 @@ class SessionStore(PrivateEvents, Application[UUID]):
         self._update(session_id, "suspended", lambda s: s.suspend(now=now))
 
     def _update(self, session_id: str, what: str, change: Callable[[Session], None]) -> None:
-        for _ in range(_RETRIES):
-            session = self._load_session(session_id)
+        for _ in range(RETRIES):
+            session = self.load_session(session_id)
             change(session)
             if self._try_save(session):
                 return
         raise ConcurrentUpdate("Session", session_id, what)
 
-    # -- helpers --------------------------------------------------------------------------------
+    # -- erasure (the session half of ``privacy.forget_session``) ------------------------------
+
+    def sessions_of(self, key: str) -> list[str]:
+        """Every session id the key has had, oldest first (from its route; no key needed)."""
+        found: list[str] = []
+        for e in self.events.get(route_uuid(require_text("session key", key))):
+            session_id = getattr(e, "session_id", None)
+            if isinstance(session_id, str) and session_id not in found:
+                found.append(session_id)
+        return found
+
+    def end_for_erasure(self, key: str, now: Any = None) -> list[str]:
+        """Suspend the key's open session, so the next message starts a fresh one rather
+        than continuing a transcript that reads ``[erased]``. Returns the key's sessions."""
+        now = require_aware("now", self.clock() if now is None else now)
+        sessions = self.sessions_of(key)
+        route = self.route_of(key)
+        if route is not None:
+            session = self.load_session(route.session_id)
+            if not session.ended and not session.suspended:
+                self.suspend(route.session_id, now=now)
+        return sessions
+
+    # -- reading aggregates ---------------------------------------------------------------------
+
+    def route_of(self, key: str) -> SessionRoute | None:
+        """The route of a session key (its current session), or None for a key never seen."""
+        route = self._get(route_uuid(key))
+        assert route is None or isinstance(route, SessionRoute)
+        return route
+
+    def load_session(self, session_id: str) -> Session:
+        """The session with this id, rebuilt from its snapshot and events; NotFound if none."""
+        session = self._get(self._session_uuid(session_id))
+        if session is None:
+            raise NotFound("session", session_id)
+        assert isinstance(session, Session)
+        return session
 
     @staticmethod
     def _session_uuid(session_id: str) -> UUID:
         require_text("session_id", session_id)
         return session_uuid(session_id)
 
-    def _exists(self, uuid: UUID) -> bool:
-        return uuid in self.repository
-
-    def _get(self, uuid: UUID) -> Any:
+    def _get(self, uuid: UUID) -> Aggregate | None:
         try:
-            with self.private_mapper.state_only():  # messages' text is not state: not opened
-                return self.repository.get(uuid)
+            with self.reading_state_only():  # messages' text is not state: not opened
+                aggregate: object = self.repository.get(uuid)
         except AggregateNotFoundError:
             return None
-
-    def _get_route(self, key: str) -> SessionRoute | None:
-        route = self._get(route_uuid(key))
-        assert route is None or isinstance(route, SessionRoute)
-        return route
-
-    def _load_session(self, session_id: str) -> Session:
-        session = self._get(self._session_uuid(session_id))
-        if session is None:
-            raise NotFound("session", session_id)
-        assert isinstance(session, Session)
-        return session
+        assert isinstance(aggregate, Aggregate)
+        return aggregate
 
     def _try_save(self, *aggregates: Aggregate, starts_afresh: bool = False) -> bool:
         """Save atomically; False if another writer got there first (caller reloads).
@@ -657,13 +569,3 @@ class SessionStore(PrivateEvents, Application[UUID]):
             log.info("session key erased meanwhile; the new session starts a new key")
             return False
         return True
-
-
-def _message(e: Any) -> TranscriptMessage:
-    return TranscriptMessage(
-        seq=e.seq,
-        role=e.role,
-        content=e.content,
-        platform_message_id=e.platform_message_id,
-        timestamp=e.timestamp,
-    )

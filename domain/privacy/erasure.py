@@ -30,6 +30,18 @@ class Erasure(Aggregate):
     sessions: list[str]
     erased_at: datetime
 
+    class SubjectErased(Aggregate.Created):
+        """The subject's keys ``destroyed_keys`` were destroyed by ``by`` (for
+        ``requested_by``); its unresolved obligations ``abandoned``, its conversations
+        ``sessions`` (None: recorded before erasures listed them)."""
+
+        subject_id: str
+        by: OwnerIdentity
+        requested_by: str
+        destroyed_keys: list[str]
+        abandoned: list[str]
+        sessions: list[str] | None
+
     @classmethod
     def record(
         cls,
@@ -51,7 +63,7 @@ class Erasure(Aggregate):
         if not isinstance(erasure_id, UUID):
             raise InvalidInput("erasure_id must be a UUID")
         return cls._create(
-            cls.SubjectErased,  # type: ignore[attr-defined]
+            cls.SubjectErased,
             id=erasure_id,
             subject_id=subject_id,
             by=by,
@@ -62,7 +74,7 @@ class Erasure(Aggregate):
             timestamp=now,
         )
 
-    @event("SubjectErased")
+    @event(SubjectErased)
     def __init__(
         self,
         subject_id: str,

@@ -13,9 +13,9 @@ from uuid import NAMESPACE_URL, UUID, uuid5
 
 from eventsourcing.domain import Aggregate, event
 
-from gateway_ledger.domain.errors import IllegalTransition, InvalidInput
+from gateway_ledger.domain.errors import IllegalTransition
 from gateway_ledger.domain.sessions.policy import ResetReason
-from gateway_ledger.domain.sessions.session import is_session_id
+from gateway_ledger.domain.sessions.session import require_session_id
 from gateway_ledger.domain.topics import stored_as
 from gateway_ledger.domain.values import (
     require_aware,
@@ -46,34 +46,46 @@ class SessionRoute(Aggregate):
     opened_at: datetime
     rotations: int
 
+    class Opened(Aggregate.Created):
+        """The key's first session is ``session_id``."""
+
+        key: str
+        session_id: str
+
+    class Rotated(Aggregate.Event):
+        """The key moved from ``previous_session_id`` to ``session_id`` for ``reason``."""
+
+        previous_session_id: str
+        session_id: str
+        reason: str
+
     @staticmethod
     def create_id(key: str) -> UUID:
         return route_uuid(key)
 
-    @classmethod
-    def open(cls, *, key: str, session_id: str, now: datetime) -> SessionRoute:
-        require_text("session key", key)
-        if not is_session_id(session_id):
-            raise InvalidInput(f"session_id {session_id!r} is not YYYYmmdd_HHMMSS_<8 hex>")
-        require_aware("now", now)
-        return cls(key=key, session_id=session_id, timestamp=now)
+    # -- guards ---------------------------------------------------------------------------------
 
-    @event("Opened")
-    def __init__(self, key: str, session_id: str, timestamp: datetime) -> None:
-        self.key = key
-        self.session_id = session_id
-        self.opened_at = timestamp
-        self.rotations = 0
-
-    def rotate(self, *, session_id: str, reason: ResetReason, now: datetime) -> None:
-        require_aware("now", now)
-        reason = require_choice("reset reason", reason, ResetReason)
-        if not is_session_id(session_id):
-            raise InvalidInput(f"session_id {session_id!r} is not YYYYmmdd_HHMMSS_<8 hex>")
+    def check_rotates_to(self, session_id: str) -> None:
+        """A rotation goes to another session: the current one ended, so it cannot continue."""
         if session_id == self.session_id:
             raise IllegalTransition(
                 "SessionRoute", self.key, f"at {self.session_id}", "rotated", "same session"
             )
+
+    # -- commands -------------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, *, key: str, session_id: str, now: datetime) -> SessionRoute:
+        require_text("session key", key)
+        session_id = require_session_id(session_id)
+        require_aware("now", now)
+        return cls._create(cls.Opened, key=key, session_id=session_id, timestamp=now)
+
+    def rotate(self, *, session_id: str, reason: ResetReason, now: datetime) -> None:
+        require_aware("now", now)
+        reason = require_choice("reset reason", reason, ResetReason)
+        session_id = require_session_id(session_id)
+        self.check_rotates_to(session_id)
         self._rotated(
             previous_session_id=self.session_id,
             session_id=session_id,
@@ -81,7 +93,16 @@ class SessionRoute(Aggregate):
             timestamp=now,
         )
 
-    @event("Rotated")
+    # -- events (bodies only mutate) ------------------------------------------------------------
+
+    @event(Opened)
+    def __init__(self, key: str, session_id: str, timestamp: datetime) -> None:
+        self.key = key
+        self.session_id = session_id
+        self.opened_at = timestamp
+        self.rotations = 0
+
+    @event(Rotated)
     def _rotated(
         self, previous_session_id: str, session_id: str, reason: str, timestamp: datetime
     ) -> None:
@@ -102,6 +123,16 @@ class InboundMessage(Aggregate):
     session_id: str
     seq: int
 
+    class Seen(Aggregate.Created):
+        """Message ``platform_message_id`` of chat ``chat_scope`` is message ``seq`` of
+        ``session_id``."""
+
+        platform: str
+        chat_scope: str
+        platform_message_id: str
+        session_id: str
+        seq: int
+
     @staticmethod
     def create_id(platform: str, chat_scope: str, platform_message_id: str) -> UUID:
         return inbound_uuid(platform, chat_scope, platform_message_id)
@@ -120,7 +151,8 @@ class InboundMessage(Aggregate):
         require_clear_text("platform", platform)
         require_text("platform_message_id", platform_message_id)
         require_aware("now", now)
-        return cls(
+        return cls._create(
+            cls.Seen,
             platform=platform,
             chat_scope=chat_scope,
             platform_message_id=platform_message_id,
@@ -129,7 +161,7 @@ class InboundMessage(Aggregate):
             timestamp=now,
         )
 
-    @event("Seen")
+    @event(Seen)
     def __init__(
         self,
         platform: str,
@@ -155,6 +187,11 @@ class SessionKeying(Aggregate):
 
     mode: str
 
+    class Established(Aggregate.Created):
+        """The store's keys are made in ``mode``."""
+
+        mode: str
+
     @staticmethod
     def create_id() -> UUID:
         return KEYING_ID
@@ -163,8 +200,8 @@ class SessionKeying(Aggregate):
     def establish(cls, *, mode: str, now: datetime) -> SessionKeying:
         require_clear_text("keying mode", mode)
         require_aware("now", now)
-        return cls(mode=mode, timestamp=now)
+        return cls._create(cls.Established, mode=mode, timestamp=now)
 
-    @event("Established")
+    @event(Established)
     def __init__(self, mode: str, timestamp: datetime) -> None:
         self.mode = mode

@@ -45,13 +45,26 @@ def is_session_id(value: object) -> bool:
     return isinstance(value, str) and bool(_SESSION_ID_RE.match(value))
 
 
+def require_session_id(session_id: str) -> str:
+    """``session_id`` if it has upstream's form, else refused by name."""
+    if not is_session_id(session_id):
+        raise InvalidInput(f"session_id {session_id!r} is not YYYYmmdd_HHMMSS_<8 hex>")
+    return session_id
+
+
 def session_uuid(session_id: str) -> UUID:
     return uuid5(SESSION_NAMESPACE, session_id)
 
 
 @stored_as("gateway_ledger.domain.session")
 class Session(Aggregate):
-    """One conversation under one session key."""
+    """One conversation under one session key.
+
+    Each command validates its input, checks the aggregate's invariants with a named guard
+    (``check_...``) and triggers one event by calling the method its event class decorates;
+    the event's method only mutates, since it runs again on every reload. The event classes
+    are the stored record: their names and fields never change (``@stored_as``).
+    """
 
     session_id: str
     key: str
@@ -69,9 +82,59 @@ class Session(Aggregate):
     end_reason: str | None
     successor_session_id: str | None
 
+    class Started(Aggregate.Created):
+        """A conversation began under ``key``; after a reset, ``previous_session_id`` ended
+        for ``started_reason``."""
+
+        session_id: str
+        key: str
+        source: SessionSource
+        previous_session_id: str | None
+        started_reason: str | None
+
+    class MessageAppended(Aggregate.Event):
+        """One transcript message, numbered from 1 (``seq``) in its session."""
+
+        seq: int
+        role: str
+        content: str
+        platform_message_id: str | None
+
+    class ResumeMarked(Aggregate.Event):
+        """A turn was interrupted (``reason``: restart, shutdown, ...)."""
+
+        reason: str
+
+    class ResumeCleared(Aggregate.Event):
+        """The interrupted turn needs no resuming any more."""
+
+    class Suspended(Aggregate.Event):
+        """``/stop``: the key's next message starts a fresh session."""
+
+    class Reset(Aggregate.Event):
+        """The session ended for ``reason``; its key continues in ``successor_session_id``."""
+
+        reason: str
+        successor_session_id: str
+
     @staticmethod
     def create_id(session_id: str) -> UUID:
         return session_uuid(session_id)
+
+    # -- guards ---------------------------------------------------------------------------------
+
+    def check_open(self, transition: str) -> None:
+        """An ended session takes nothing more: its key continues in the successor."""
+        if self.ended:
+            raise IllegalTransition(
+                "Session",
+                self.session_id,
+                f"ended ({self.end_reason})",
+                transition,
+                f"continued in {self.successor_session_id}",
+            )
+
+    # -- commands -------------------------------------------------------------------------------
 
     @classmethod
     def start(
@@ -84,13 +147,13 @@ class Session(Aggregate):
         previous_session_id: str | None = None,
         reason: ResetReason | None = None,
     ) -> Session:
-        if not is_session_id(session_id):
-            raise InvalidInput(f"session_id {session_id!r} is not YYYYmmdd_HHMMSS_<8 hex>")
+        session_id = require_session_id(session_id)
         require_text("session key", key)
         if not isinstance(source, SessionSource):
             raise InvalidInput("source must be a SessionSource")
         require_aware("now", now)
-        return cls(
+        return cls._create(
+            cls.Started,
             session_id=session_id,
             key=key,
             source=source,
@@ -101,7 +164,62 @@ class Session(Aggregate):
             timestamp=now,
         )
 
-    @event("Started")
+    def append_message(
+        self, *, role: str, content: str, now: datetime, platform_message_id: str | None = None
+    ) -> int:
+        """Append one message; returns its 1-based sequence number in this session."""
+        require_aware("now", now)
+        if role not in ROLES:
+            raise InvalidInput(f"unknown role {role!r}; expected one of {sorted(ROLES)}")
+        require_text("content", content, allow_empty=True)
+        if len(content) * 4 > MAX_CONTENT_BYTES and len(content.encode()) > MAX_CONTENT_BYTES:
+            raise InvalidInput(f"content is larger than {MAX_CONTENT_BYTES} bytes")
+        if platform_message_id is not None:
+            require_text("platform_message_id", platform_message_id)
+        self.check_open("append")
+        seq = self.message_count + 1
+        self._message_appended(
+            seq=seq,
+            role=role,
+            content=content,
+            platform_message_id=platform_message_id,
+            timestamp=now,
+        )
+        return seq
+
+    def mark_resume_pending(self, *, now: datetime, reason: str = "restart") -> None:
+        """A turn was interrupted (shutdown, crash): continue it after the restart if fresh."""
+        require_aware("now", now)
+        require_clear_text("reason", reason, max_chars=MAX_REASON_CHARS)
+        self.check_open("resume marked")
+        self._resume_marked(reason=reason, timestamp=now)
+
+    def clear_resume_pending(self, *, now: datetime) -> None:
+        """Nothing pending: nothing recorded."""
+        require_aware("now", now)
+        if self.resume_pending:
+            self._resume_cleared(timestamp=now)
+
+    def suspend(self, *, now: datetime) -> None:
+        """``/stop``: the next message starts a fresh session (reason ``suspended``).
+        Suspending a suspended session records nothing."""
+        require_aware("now", now)
+        self.check_open("suspended")
+        if not self.suspended:
+            self._suspended(timestamp=now)
+
+    def reset(self, *, reason: ResetReason, successor_session_id: str, now: datetime) -> None:
+        """End this session; its key continues in ``successor_session_id``."""
+        require_aware("now", now)
+        reason = require_choice("reset reason", reason, ResetReason)
+        if not is_session_id(successor_session_id) or successor_session_id == self.session_id:
+            raise InvalidInput("the successor must be another valid session id")
+        self.check_open(f"reset ({reason.value})")
+        self._reset(reason=reason.value, successor_session_id=successor_session_id, timestamp=now)
+
+    # -- events (bodies only mutate) ------------------------------------------------------------
+
+    @event(Started)
     def __init__(
         self,
         session_id: str,
@@ -127,40 +245,7 @@ class Session(Aggregate):
         self.end_reason = None
         self.successor_session_id = None
 
-    # -- commands -------------------------------------------------------------------------------
-
-    def _refuse(self, transition: str, why: str = "") -> IllegalTransition:
-        state = f"ended ({self.end_reason})" if self.ended else "open"
-        return IllegalTransition("Session", self.session_id, state, transition, why)
-
-    def _require_open(self, transition: str) -> None:
-        if self.ended:
-            raise self._refuse(transition, f"continued in {self.successor_session_id}")
-
-    def append_message(
-        self, *, role: str, content: str, now: datetime, platform_message_id: str | None = None
-    ) -> int:
-        """Append one message; returns its 1-based sequence number in this session."""
-        require_aware("now", now)
-        if role not in ROLES:
-            raise InvalidInput(f"unknown role {role!r}; expected one of {sorted(ROLES)}")
-        require_text("content", content, allow_empty=True)
-        if len(content) * 4 > MAX_CONTENT_BYTES and len(content.encode()) > MAX_CONTENT_BYTES:
-            raise InvalidInput(f"content is larger than {MAX_CONTENT_BYTES} bytes")
-        if platform_message_id is not None:
-            require_text("platform_message_id", platform_message_id)
-        self._require_open("append")
-        seq = self.message_count + 1
-        self._message_appended(
-            seq=seq,
-            role=role,
-            content=content,
-            platform_message_id=platform_message_id,
-            timestamp=now,
-        )
-        return seq
-
-    @event("MessageAppended")
+    @event(MessageAppended)
     def _message_appended(
         self,
         seq: int,
@@ -172,52 +257,22 @@ class Session(Aggregate):
         self.message_count = seq
         self.last_activity_at = timestamp
 
-    def mark_resume_pending(self, *, now: datetime, reason: str = "restart") -> None:
-        """A turn was interrupted (shutdown, crash): continue it after the restart if fresh."""
-        require_aware("now", now)
-        require_clear_text("reason", reason, max_chars=MAX_REASON_CHARS)
-        self._require_open("resume marked")
-        self._resume_marked(reason=reason, timestamp=now)
-
-    @event("ResumeMarked")
+    @event(ResumeMarked)
     def _resume_marked(self, reason: str, timestamp: datetime) -> None:
         self.resume_pending = True
         self.resume_reason = reason
         self.resume_marked_at = timestamp
 
-    def clear_resume_pending(self, *, now: datetime) -> None:
-        require_aware("now", now)
-        if not self.resume_pending:
-            return
-        self._resume_cleared(timestamp=now)
-
-    @event("ResumeCleared")
+    @event(ResumeCleared)
     def _resume_cleared(self, timestamp: datetime) -> None:
         self.resume_pending = False
         self.resume_reason = None
 
-    def suspend(self, *, now: datetime) -> None:
-        """``/stop``: the next message starts a fresh session (reason ``suspended``)."""
-        require_aware("now", now)
-        self._require_open("suspended")
-        if self.suspended:
-            return
-        self._suspended(timestamp=now)
-
-    @event("Suspended")
+    @event(Suspended)
     def _suspended(self, timestamp: datetime) -> None:
         self.suspended = True
 
-    def reset(self, *, reason: ResetReason, successor_session_id: str, now: datetime) -> None:
-        """End this session; its key continues in ``successor_session_id``."""
-        require_aware("now", now)
-        reason = require_choice("reset reason", reason, ResetReason)
-        if not is_session_id(successor_session_id) or successor_session_id == self.session_id:
-            raise InvalidInput("the successor must be another valid session id")
-        self._require_open(f"reset ({reason.value})")
-        self._reset(reason=reason.value, successor_session_id=successor_session_id, timestamp=now)
-
-    @event("Reset")
+    @event(Reset)
     def _reset(self, reason: str, successor_session_id: str, timestamp: datetime) -> None:
         self.ended = True
         self.end_reason = reason
@@ -225,5 +280,5 @@ class Session(Aggregate):
         self.resume_pending = False
 
 
-MessageAppended: type = Session.MessageAppended  # type: ignore[attr-defined]
+MessageAppended = Session.MessageAppended
 """The event class of one transcript message (read by ``history`` without a replay)."""

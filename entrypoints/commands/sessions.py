@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from gateway_ledger.application.sessions.admin import list_sessions, open_session_store, show_key
+from gateway_ledger.application.sessions.admin import list_sessions, show_key
+from gateway_ledger.bootstrap import SessionStore, open_session_store
 from gateway_ledger.entrypoints.commands import forget
 from gateway_ledger.entrypoints.console import (
     Subcommands,
@@ -38,8 +39,8 @@ def register(subparsers: Subcommands) -> None:
     export.set_defaults(handler=run_export)
 
 
-def _store(location: str):  # type: ignore[no-untyped-def]
-    return open_session_store(location)  # an existing store only (store.py decides)
+def _store(location: str) -> SessionStore | None:
+    return open_session_store(location)  # an existing store only (the store decides)
 
 
 def run_list(args: argparse.Namespace) -> int:
