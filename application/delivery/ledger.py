@@ -82,8 +82,9 @@ from gateway_ledger.infrastructure.ownership.leases import (
 )
 from gateway_ledger.infrastructure.ownership.process_identity import current_owner
 from gateway_ledger.infrastructure.privacy.private_mapper import ENCRYPT_ENV, PrivateEvents
-from gateway_ledger.projections.delivery.obligation_index import IndexEntry, ObligationIndex
-from gateway_ledger.projections.delivery.recoverable import RecoverableObligations
+from gateway_ledger.infrastructure.views.delivery import SqlObligationIndex, SqlRecoverableView
+from gateway_ledger.projections.delivery.obligation_index import IndexEntry, ObligationIndexView
+from gateway_ledger.projections.delivery.recoverable import RecoverableView
 
 log = logging.getLogger("gateway_ledger.ledger")
 
@@ -155,8 +156,8 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
         self.clock = clock
         self.location = str(sqlite_path or self.env.get("POSTGRES_DBNAME") or "")
         self.last_sweep: SweepResult | None = None
-        self._recoverable: RecoverableObligations | None = None
-        self._obligation_index: ObligationIndex | None = None
+        self._recoverable: RecoverableView | None = None
+        self._obligation_index: ObligationIndexView | None = None
         self.leases: LeaseTable | None = None
         self.heartbeat: Heartbeat | None = None
         is_postgres = self.env.get("PERSISTENCE_MODULE") == "eventsourcing.postgres"
@@ -382,10 +383,10 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
     # -- recovery (application/delivery/recovery.py, ADR 0007) --------------------------------
 
     @property
-    def recoverable(self) -> RecoverableObligations:
+    def recoverable(self) -> RecoverableView:
         """The index of unresolved obligations; resumes from its tracked position."""
         if self._recoverable is None:
-            self._recoverable = RecoverableObligations(self)
+            self._recoverable = SqlRecoverableView(self)
         return self._recoverable
 
     def sweep_recoverable(
@@ -452,10 +453,10 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
     # -- operators (application/delivery/operations.py and audit.py, ADR 0011) ---------------
 
     @property
-    def obligation_index(self) -> ObligationIndex:
+    def obligation_index(self) -> ObligationIndexView:
         """One row per obligation, for status, list and metrics; resumes from its position."""
         if self._obligation_index is None:
-            self._obligation_index = ObligationIndex(self)
+            self._obligation_index = SqlObligationIndex(self)
         return self._obligation_index
 
     def stats(self, now: datetime | None = None) -> LedgerStats:
