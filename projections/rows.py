@@ -6,37 +6,44 @@ keeps the view (``infrastructure/views/``) turns a change into its own statement
 commits it together with the view's position. So the same projection is kept in SQLite
 and in PostgreSQL, and a rebuild replays exactly the changes the live view made.
 
-A column's new value is a plain value, or one of the column operations below, which
-describe a value relative to the row as it was before the change (so that a change
-never needs the row to be read first).
+An update gives its columns' new values, and may give some columns a value relative to
+the row as it was before the change (:class:`Add`, :class:`Previous`), so that no change
+needs the row to be read first.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import attrs
 
 
-@attrs.frozen(slots=True)
-class Add:
+class Add(NamedTuple):
     """The column's value before the change, plus ``amount`` (a counter)."""
 
     amount: int = 1
 
 
-@attrs.frozen(slots=True)
-class Previous:
+class Previous(NamedTuple):
     """The value ``column`` held before the change (an earlier value kept aside)."""
 
     column: str
 
 
 Value = object
-"""A column's new value: a plain value, an :class:`Add` or a :class:`Previous`."""
+"""A column's new value, as the store holds it (text, integers, NULL)."""
+
+Relative = Add | Previous
+
+NO_RELATIVE: Mapping[str, Relative] = {}
 
 
-@attrs.frozen(slots=True)
+# Changes are made once per event, on the views' hot path: plain slotted classes (a
+# frozen attrs class costs several times as much to make). Nothing mutates them.
+
+
+@attrs.define(slots=True)
 class Insert:
     """A new row; a row the key already has is kept as it is (a replayed first event)."""
 
@@ -44,22 +51,25 @@ class Insert:
     values: Mapping[str, Value]
 
 
-@attrs.frozen(slots=True)
+@attrs.define(slots=True)
 class Update:
-    """Change some columns of the row, if there is one and it still takes changes."""
+    """Change some columns of the row, if there is one and it still takes changes:
+    ``values`` are their new values, ``relative`` (usually a constant of the projection)
+    the columns whose new value depends on the row before the change."""
 
     key: str
     values: Mapping[str, Value]
+    relative: Mapping[str, Relative] = NO_RELATIVE
 
 
-@attrs.frozen(slots=True)
+@attrs.define(slots=True)
 class Delete:
     """The row leaves the view, if it still takes changes."""
 
     key: str
 
 
-@attrs.frozen(slots=True)
+@attrs.define(slots=True)
 class Upsert:
     """A whole row for a key seen for the first time; for a row the key already has
     (and that still takes changes), only the columns named in ``replace``."""

@@ -3,8 +3,8 @@
 A projection says what one event changes; this module is the one place that says how
 that is written in SQL: an insert that keeps an existing row, an update or a delete of a
 row that still takes changes (the view's ``guard``), an upsert that replaces a few columns.
-Column operations are written relative to the row before the statement (``col + ?``,
-another column's old value), so no change reads the row first. Statements are built once
+Relative values are written against the row before the statement (``col + 1``, another
+column's old value), so no change reads the row first. Statements are built once
 per shape of change and reused.
 """
 
@@ -18,9 +18,15 @@ from gateway_ledger.infrastructure.eventstore.sql_dialect import (
     SqlDialect,
     check_identifier,
 )
-from gateway_ledger.projections.rows import Add, Delete, Insert, Previous, RowChange, Update, Upsert
-
-_OPERATIONS = (Add, Previous)
+from gateway_ledger.projections.rows import (
+    Add,
+    Delete,
+    Insert,
+    Relative,
+    RowChange,
+    Update,
+    Upsert,
+)
 
 
 class RowWriter:
@@ -40,17 +46,13 @@ class RowWriter:
         self._statements: dict[Any, str] = {}
 
     def write(self, cursor: Cursor, change: RowChange) -> None:
-        kind = type(change)
-        if kind is Update:
-            assert isinstance(change, Update)
+        if type(change) is Update:
             self._update(cursor, change)
-        elif kind is Insert:
-            assert isinstance(change, Insert)
+        elif type(change) is Insert:
             self._insert(cursor, change)
-        elif kind is Delete:
+        elif type(change) is Delete:
             cursor.execute(self._delete_statement(), (change.key,))
-        elif kind is Upsert:
-            assert isinstance(change, Upsert)
+        elif type(change) is Upsert:
             self._upsert(cursor, change)
         else:
             raise TypeError(f"not a row change: {change!r}")
@@ -59,27 +61,25 @@ class RowWriter:
 
     def _update(self, cursor: Cursor, change: Update) -> None:
         values = change.values
-        operations = tuple(v if type(v) in _OPERATIONS else None for v in values.values())
-        shape = (Update, tuple(values), operations)
+        relative = change.relative
+        shape = (Update, tuple(values), tuple(relative.items()) if relative else ())
         sql = self._statements.get(shape)
         if sql is None:
-            sql = self._statements[shape] = self._update_statement(values)
-        params = [
-            v.amount if type(v) is Add else v for v in values.values() if type(v) is not Previous
-        ]
+            sql = self._statements[shape] = self._update_statement(values, relative)
+        params = list(values.values())
         params.append(change.key)
         cursor.execute(sql, params)
 
-    def _update_statement(self, values: Mapping[str, object]) -> str:
-        sets = []
-        for name, value in values.items():
+    def _update_statement(
+        self, values: Mapping[str, object], relative: Mapping[str, Relative]
+    ) -> str:
+        sets = [f"{check_identifier(name)} = ?" for name in values]
+        for name, value in relative.items():
             column = check_identifier(name)
             if isinstance(value, Add):
-                sets.append(f"{column} = {column} + ?")
-            elif isinstance(value, Previous):
-                sets.append(f"{column} = {check_identifier(value.column)}")
+                sets.append(f"{column} = {column} + {int(value.amount)}")
             else:
-                sets.append(f"{column} = ?")
+                sets.append(f"{column} = {check_identifier(value.column)}")
         where = f"{self.key} = ?" + (f" AND {self.guard}" if self.guard else "")
         return self.dialect.sql(f"UPDATE {self.table} SET {', '.join(sets)} WHERE {where}")
 

@@ -31,7 +31,15 @@ from gateway_ledger.projections.delivery.obligation_view import (
     from_micros,
     to_micros,
 )
-from gateway_ledger.projections.rows import Add, Insert, Previous, RowChange, Value
+from gateway_ledger.projections.rows import (
+    NO_RELATIVE,
+    Add,
+    Insert,
+    Previous,
+    Relative,
+    RowChange,
+    Value,
+)
 from gateway_ledger.projections.view import MaterializedView
 
 INDEX_NAME = "obligation_index"
@@ -113,6 +121,16 @@ def owner_values(owner: OwnerIdentity) -> dict[str, Value]:
     return {"owner_host": owner.host, "owner_pid": owner.pid}
 
 
+_ATTEMPTING: Mapping[str, Relative] = {
+    "send_attempts": Add(1),
+    "arrived_before": Previous("may_have_arrived"),  # what the send in flight falls back to
+}
+_ONE_MORE_CLAIM: Mapping[str, Relative] = {"claims": Add(1)}
+_ONE_MORE_RETRY: Mapping[str, Relative] = {"retries": Add(1)}
+_REFUSED: Mapping[str, Relative] = {"may_have_arrived": Previous("arrived_before")}
+"""A failure the platform says did not arrive strikes off only the send in flight."""
+
+
 class IndexProjection(ObligationProjection):
     """One row per obligation, for status, listing and metrics without replaying history."""
 
@@ -145,7 +163,8 @@ class IndexProjection(ObligationProjection):
                 "state": ObligationState.PENDING.value,
                 "platform": event.target.platform,
                 "subject_id": self.subjects.subject_of(event),
-                **owner_values(event.owner),
+                "owner_host": event.owner.host,
+                "owner_pid": event.owner.pid,
                 "recorded_at": moment,
                 "last_transition_at": moment,
                 "delivered_at": None,
@@ -165,48 +184,35 @@ class IndexProjection(ObligationProjection):
         )
 
     def attempting(self, event: DeliveryObligation.Attempting) -> RowChange:
-        return self.update(
-            event,
-            {
-                "state": ObligationState.ATTEMPTING.value,
-                **owner_values(event.by),
-                "send_attempts": Add(1),
-                "arrived_before": Previous("may_have_arrived"),
-                "may_have_arrived": 1,
-            },
-        )
+        values = owner_values(event.by)
+        values["state"] = ObligationState.ATTEMPTING.value
+        values["may_have_arrived"] = 1
+        return self.update(event, values, _ATTEMPTING)
 
     def claimed(self, event: DeliveryObligation.Claimed) -> RowChange:
-        return self.update(
-            event,
-            {
-                "state": ObligationState.CLAIMED.value,
-                **owner_values(event.by),
-                "claims": Add(1),
-                "recovery_attempts": event.recovery_attempt,
-                "fence": event.fence,
-                "arrived_before": int(bool(event.needs_marker)),
-                "may_have_arrived": 1,
-            },
-        )
+        values = owner_values(event.by)
+        values["state"] = ObligationState.CLAIMED.value
+        values["recovery_attempts"] = event.recovery_attempt
+        values["fence"] = event.fence
+        values["arrived_before"] = int(bool(event.needs_marker))
+        values["may_have_arrived"] = 1
+        return self.update(event, values, _ONE_MORE_CLAIM)
 
     def failed(self, event: DeliveryObligation.Failed) -> RowChange:
         values: dict[str, Value] = {
             "state": ObligationState.FAILED.value,
             "error_class": event.classification,
         }
-        if ErrorClass(event.classification).may_have_arrived is False:
-            values["may_have_arrived"] = Previous("arrived_before")
-        return self.update(event, values)
+        refused = ErrorClass(event.classification).may_have_arrived is False
+        return self.update(event, values, _REFUSED if refused else NO_RELATIVE)
 
     def delivered(self, event: DeliveryObligation.Delivered) -> RowChange:
-        return self.update(
-            event,
-            {
-                "state": ObligationState.DELIVERED.value,
-                "delivered_at": to_micros(event.timestamp),
-            },
-        )
+        moment = to_micros(event.timestamp)
+        values: dict[str, Value] = {
+            "state": ObligationState.DELIVERED.value,
+            "delivered_at": moment,
+        }
+        return self.update(event, values, moment=moment)
 
     def abandoned(self, event: DeliveryObligation.Abandoned) -> RowChange:
         return self.update(
@@ -214,16 +220,11 @@ class IndexProjection(ObligationProjection):
         )
 
     def retry_requested(self, event: DeliveryObligation.RetryRequested) -> RowChange:
-        return self.update(
-            event,
-            {
-                "state": ObligationState.PENDING.value,
-                **owner_values(event.by),
-                "retries": Add(1),
-                "recovery_attempts": 0,
-                "fence": event.fence,
-            },
-        )
+        values = owner_values(event.by)
+        values["state"] = ObligationState.PENDING.value
+        values["recovery_attempts"] = 0
+        values["fence"] = event.fence
+        return self.update(event, values, _ONE_MORE_RETRY)
 
     def quarantined_fact(self, event: DeliveryObligation.Quarantined) -> RowChange:
         values = {**self.quarantined(event), **owner_values(event.by), "fence": event.fence}

@@ -22,7 +22,14 @@ from eventsourcing.utils import get_topic
 
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation
 from gateway_ledger.domain.values import QUARANTINED, QuarantineReason
-from gateway_ledger.projections.rows import RowChange, Update, Upsert, Value
+from gateway_ledger.projections.rows import (
+    NO_RELATIVE,
+    Relative,
+    RowChange,
+    Update,
+    Upsert,
+    Value,
+)
 from gateway_ledger.projections.view import Unreadable
 
 QUARANTINE_COLUMNS = ("quarantine_reason", "quarantine_version")
@@ -100,11 +107,18 @@ class ObligationProjection:
         return self.update(event, {})
 
     @staticmethod
-    def update(event: DeliveryObligation.Event, values: dict[str, Value]) -> Update:
-        """A change of the existing row: it always takes the event's time and version."""
-        values["last_transition_at"] = to_micros(event.timestamp)
+    def update(
+        event: DeliveryObligation.Event,
+        values: dict[str, Value],
+        relative: Mapping[str, Relative] = NO_RELATIVE,
+        *,
+        moment: int | None = None,
+    ) -> Update:
+        """A change of the existing row: it always takes the event's time (``moment``,
+        when the caller has it already) and version."""
+        values["last_transition_at"] = to_micros(event.timestamp) if moment is None else moment
         values["version"] = event.originator_version
-        return Update(event.originator_id.hex, values)
+        return Update(event.originator_id.hex, values, relative)
 
     @staticmethod
     def quarantined(event: DeliveryObligation.Quarantined) -> dict[str, Value]:

@@ -112,45 +112,33 @@ class RecoverableProjection(ObligationProjection):
 
     def recorded(self, event: DeliveryObligation.Recorded) -> RowChange:
         moment = to_micros(event.timestamp)
-        return Insert(
-            event.originator_id.hex,
-            {
-                "obligation_id": event.obligation_id,
-                "state": ObligationState.PENDING.value,
-                "platform": event.target.platform,
-                **owner_values(event.owner),
-                "recovery_attempts": 0,
-                "recorded_at": moment,
-                "last_transition_at": moment,
-                "version": event.originator_version,
-            },
-        )
+        values = owner_values(event.owner)
+        values["obligation_id"] = event.obligation_id
+        values["state"] = ObligationState.PENDING.value
+        values["platform"] = event.target.platform
+        values["recovery_attempts"] = 0
+        values["recorded_at"] = moment
+        values["last_transition_at"] = moment
+        values["version"] = event.originator_version
+        return Insert(event.originator_id.hex, values)
 
     def attempting(self, event: DeliveryObligation.Attempting) -> RowChange:
-        return self.update(
-            event, {"state": ObligationState.ATTEMPTING.value, **owner_values(event.by)}
-        )
+        values = owner_values(event.by)
+        values["state"] = ObligationState.ATTEMPTING.value
+        return self.update(event, values)
 
     def claimed(self, event: DeliveryObligation.Claimed) -> RowChange:
-        return self.update(
-            event,
-            {
-                "state": ObligationState.CLAIMED.value,
-                **owner_values(event.by),
-                "recovery_attempts": event.recovery_attempt,
-            },
-        )
+        values = owner_values(event.by)
+        values["state"] = ObligationState.CLAIMED.value
+        values["recovery_attempts"] = event.recovery_attempt
+        return self.update(event, values)
 
     def retry_requested(self, event: DeliveryObligation.RetryRequested) -> RowChange:
         """An operator's retry: claimable at once, with a fresh recovery budget."""
-        return self.update(
-            event,
-            {
-                "state": ObligationState.PENDING.value,
-                **owner_values(event.by),
-                "recovery_attempts": 0,
-            },
-        )
+        values = owner_values(event.by)
+        values["state"] = ObligationState.PENDING.value
+        values["recovery_attempts"] = 0
+        return self.update(event, values)
 
     def failed(self, event: DeliveryObligation.Failed) -> RowChange:
         return self.update(event, {"state": ObligationState.FAILED.value})
