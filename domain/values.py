@@ -92,14 +92,6 @@ class SendGuard(StrEnum):
     IDEMPOTENCY_KEY = "idempotency_key"  # the platform deduplicates on the obligation id
 
 
-def send_guard(*, may_have_arrived: bool, native_idempotency: bool) -> SendGuard:
-    """ADR 0006's rule: the platform's own key where it has one, else the marker after a
-    send that may have arrived."""
-    if native_idempotency:
-        return SendGuard.IDEMPOTENCY_KEY
-    return SendGuard.MARKER if may_have_arrived else SendGuard.NONE
-
-
 class AbandonReason(StrEnum):
     MAX_ATTEMPTS = "max_attempts"
     STALE = "stale"
@@ -138,6 +130,16 @@ def require_text(name: str, value: object, *, allow_empty: bool = False) -> str:
     except UnicodeEncodeError as e:
         raise InvalidInput(f"{name} is not valid Unicode text ({e.reason})") from None
     return value
+
+
+def require_content(name: str, value: object) -> str:
+    """A reply's text: anything :func:`require_text` keeps (empty too, a media-only reply),
+    at most :data:`MAX_CONTENT_BYTES` in UTF-8."""
+    text = require_text(name, value, allow_empty=True)
+    # Four bytes a character at most: only a long text is encoded to be measured.
+    if len(text) * 4 > MAX_CONTENT_BYTES and len(text.encode("utf-8")) > MAX_CONTENT_BYTES:
+        raise InvalidInput(f"{name} is larger than {MAX_CONTENT_BYTES} bytes")
+    return text
 
 
 def require_clear_text(

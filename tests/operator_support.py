@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.domain.delivery.obligation import DeliveryObligation
 from gateway_ledger.domain.values import LedgerPolicy, OwnerIdentity
 from gateway_ledger.infrastructure.ownership.process_identity import current_owner
 
@@ -50,7 +51,8 @@ def plant_unmarked_resend(location: str, oid: str = "planted-unmarked") -> str:
     ledger.mark_attempting(oid)
     ledger.mark_failed(oid, "timeout after the request left", "ambiguous")
     agg = ledger._load(oid)
-    agg._claimed(
+    agg.trigger_event(  # a forged claim: no guard would let it through
+        DeliveryObligation.Claimed,
         by=b,
         previous_owner=agg.owner,
         recovery_attempt=1,

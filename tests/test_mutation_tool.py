@@ -40,13 +40,19 @@ def mutants_of(file: str) -> tuple[object, ...]:
 
 def test_event_bodies_and_decorated_methods_are_mutated() -> None:
     idents = {m.ident for m in mutants_of("domain/delivery/obligation.py")}
-    late = "domain/delivery/obligation.py::DeliveryObligation._late_result: "
-    assert late + "delete 'self.arrived_before_this_send = True'" in idents
-    assert late + "== -> != in 'outcome == 'delivered''" in idents
-    retry = "domain/delivery/obligation.py::DeliveryObligation._retry_requested: "
-    assert retry + "delete 'self.recovery_attempts = 0'" in idents
-    record = "domain/delivery/obligation.py::DeliveryObligation.record: "
-    assert any(i.startswith(record + "and -> or in 'len(content) * 4") for i in idents)
+    late = "domain/delivery/obligation.py::DeliveryObligation.LateResultReported.apply: "
+    assert late + "delete 'obligation.marker = self.marker_after(obligation.marker)'" in idents
+    retry = "domain/delivery/obligation.py::DeliveryObligation.RetryRequested.apply: "
+    assert retry + "delete 'obligation.recovery_attempts = 0'" in idents
+    rule = {m.ident for m in mutants_of("domain/delivery/marker.py")}
+    assert (
+        "domain/delivery/marker.py::SendFact.late_result: "
+        + ("== -> != in 'outcome == 'delivered''")
+        in rule
+    )
+    content = "domain/values.py::require_content: "
+    values = {m.ident for m in mutants_of("domain/values.py")}
+    assert any(i.startswith(content + "and -> or in 'len(text) * 4") for i in values)
 
 
 def test_every_mutant_is_valid_python_that_changes_the_program() -> None:
@@ -66,13 +72,14 @@ def test_error_message_text_is_told_apart_from_behaviour() -> None:
     by_id = {m.ident: m for m in mutants_of("domain/delivery/obligation.py")}
     message = [m for m in by_id.values() if m.error_text]
     assert message and all(m.file == "domain/delivery/obligation.py" for m in message)
-    # Pinned in record and in the late-result event body: both are the core of the aggregate
-    # (the ask to deliver a reply; the marker rule), not helpers that edits move around.
+    # Pinned in record and in the marker rule: both are the core of the ledger (the ask to
+    # deliver a reply; when a re-send is labelled), not helpers that edits move around.
     obligation = "domain/delivery/obligation.py::DeliveryObligation."
     name_arg = obligation + "record: 'session_key' -> 'XXsession_keyXX'"
     assert by_id[name_arg].error_text is True
-    outcome = obligation + "_late_result: 'delivered' -> 'XXdeliveredXX'"
-    assert by_id[outcome].error_text is False
+    rule = {m.ident: m for m in mutants_of("domain/delivery/marker.py")}
+    outcome = "domain/delivery/marker.py::SendFact.late_result: 'delivered' -> 'XXdeliveredXX'"
+    assert rule[outcome].error_text is False
 
 
 def _module_caps(tree: ast.Module) -> list[ast.Constant]:
@@ -123,7 +130,7 @@ def test_limits_are_behaviour_and_names_for_messages_are_text_in_every_domain_fi
     changing a size limit is behaviour, and the name handed to ``require_clear_text`` and its
     kin only words an error."""
     helpers = _message_helpers()
-    assert {"require_text", "require_clear_text", "_require_state"} <= helpers
+    assert {"require_text", "require_clear_text", "check_state"} <= helpers
     caps = names = 0
     for file in tool.DEFAULT_TARGETS:
         source = (ROOT / file).read_bytes()

@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from gateway_ledger.domain.delivery.marker import send_guard
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation, compute_obligation_id
 from gateway_ledger.domain.errors import IllegalTransition, InvalidInput
 from gateway_ledger.domain.values import (
@@ -16,7 +17,6 @@ from gateway_ledger.domain.values import (
     ObligationState,
     OwnerIdentity,
     SendGuard,
-    send_guard,
 )
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

@@ -3,7 +3,7 @@
 Each test names a rule of ADR 0006 (the duplicate marker), ADR 0010 (fencing) or the
 operator's commands, and drives it through the aggregate's commands only. Every test also
 rebuilds the aggregate from its own events and compares it with the live one, so an
-``@event`` body that mutates differently on a reload than it did the first time is caught
+event's ``apply`` that mutates differently on a reload than it did the first time is caught
 wherever it hides. Written so that ``tools/mutate_domain.py`` finds no change of behaviour
 that every test still passes.
 """

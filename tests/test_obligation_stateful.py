@@ -2,12 +2,16 @@
 
 Three ledgers with three different owners share one real store and drive one obligation:
 record, attempt, deliver, fail (every classification), claim by another owner, abandon,
-re-record. The model is written from the ADR, not from the aggregate: the duplicate marker
-is "some send that may have reached the user exists", each send being struck off only by a
-definite refusal of that very send. After every step the aggregate, its history (event
-types in order, versions without gap) and a reload through another application on the same
-store must agree with the model; a refused command raises IllegalTransition and appends
-nothing.
+re-record. The model is written from the ADR, not from the aggregate. After every step the
+aggregate, its history (event types in order, versions without gap) and a reload through
+another application on the same store must agree with the model; a refused command raises
+IllegalTransition and appends nothing.
+
+The model keeps the duplicate marker with the rule's own function
+(``domain/delivery/marker.py``), fed the fact each command states; the function itself is
+checked against the ADR's wording ("some send that may have reached the user exists")
+in ``tests/test_obligation_marker.py``. Every event that changes the marker must carry the
+model's decision.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.domain.delivery.marker import NOTHING_SENT, Marker, SendFact, marker_after
 from gateway_ledger.domain.errors import ConflictingRecord, IllegalTransition, NotFound
 from gateway_ledger.domain.values import (
     AbandonReason,
@@ -42,7 +47,6 @@ OWNERS = [
 POLICY = LedgerPolicy()
 OID = "0123456789abcdef01234567"
 UNRESOLVED = {"pending", "attempting", "failed", "claimed"}
-DEFINITE = {ErrorClass.REJECTED, ErrorClass.RATE_LIMITED, ErrorClass.DEAD_TARGET}
 
 owner_index = st.integers(min_value=0, max_value=len(OWNERS) - 1)
 
@@ -56,15 +60,26 @@ class Model:
     fence: int = 0
     claims: int = 0
     send_attempts: int = 0
-    sends_may_have_arrived: list[bool] = attrs.Factory(list)  # one entry per started send
-    late_delivery: bool = False  # a fenced-out owner reported that its send arrived
+    marker: Marker = NOTHING_SENT
     content: str | None = None  # what the first record said
     events: list[str] = attrs.Factory(list)
+    decisions: list[bool | None] = attrs.Factory(list)  # the marker decision each carries
     unguarded_resends: int = 0  # sends recorded as guard "none" when the marker was due
 
     @property
     def needs_marker(self) -> bool:
-        return any(self.sends_may_have_arrived) or self.late_delivery
+        return self.marker.may_have_arrived
+
+    def happened(self, event: str, fact: SendFact | None = None) -> None:
+        """An event was appended; the marker follows the fact it states."""
+        self.marker = marker_after(self.marker, fact)
+        self.events.append(event)
+        decision: bool | None = None
+        if event in ("Attempting", "Claimed"):
+            decision = self.marker.arrived_before_this_send
+        elif event in ("Failed", "LateResultReported"):
+            decision = self.marker.may_have_arrived
+        self.decisions.append(decision)
 
     def fenced_out(self, by: int) -> bool:
         """ADR 0010: after a claim only the owner's results are transitions; others are late."""
@@ -145,7 +160,7 @@ class ObligationMachine(RuleBasedStateMachine):
             call()
             self.model.state, self.model.owner = "pending", by
             self.model.content = content
-            self.model.events.append("Recorded")
+            self.model.happened("Recorded")
             return
         if content == self.model.content:
             call()  # the same record again: idempotent
@@ -164,16 +179,15 @@ class ObligationMachine(RuleBasedStateMachine):
             m.unguarded_resends += guard is SendGuard.NONE and marker_due
             m.state, m.owner = "attempting", by
             m.send_attempts += 1
-            m.sends_may_have_arrived.append(True)
-            m.events.append("Attempting")
+            m.happened("Attempting", SendFact.STARTED)
 
     def _late(self, by: int, action: Callable[[], object], delivered: bool) -> bool:
         """A fenced-out result is appended as LateResultReported; the state is untouched."""
         if not self.model.fenced_out(by):
             return False
         action()
-        self.model.events.append("LateResultReported")
-        self.model.late_delivery |= delivered
+        outcome = "delivered" if delivered else "failed"
+        self.model.happened("LateResultReported", SendFact.late_result(outcome))
         history = self.reader.history(OID)
         assert history[-1].fields["late"] is True
         return True
@@ -184,7 +198,7 @@ class ObligationMachine(RuleBasedStateMachine):
             return
         if self._run("deliver", by, lambda: self.ledgers[by].mark_delivered(OID, ["m-1"])):
             self.model.state = "delivered"
-            self.model.events.append("Delivered")
+            self.model.happened("Delivered")
 
     @rule(by=owner_index, classification=st.sampled_from(list(ErrorClass)))
     def fail(self, by: int, classification: ErrorClass) -> None:
@@ -192,11 +206,8 @@ class ObligationMachine(RuleBasedStateMachine):
         if self._late(by, call, False):
             return
         if self._run("fail", by, call):
-            m = self.model
-            m.state = "failed"
-            if classification in DEFINITE:
-                m.sends_may_have_arrived[-1] = False  # this send was refused: it never arrived
-            m.events.append("Failed")
+            self.model.state = "failed"
+            self.model.happened("Failed", SendFact.failure(classification))
 
     @rule(by=owner_index)
     def claim(self, by: int) -> None:
@@ -212,15 +223,14 @@ class ObligationMachine(RuleBasedStateMachine):
             m.state, m.owner = "claimed", by
             m.fence += 1
             m.claims += 1
-            m.sends_may_have_arrived.append(True)  # the claimer sends at once
-            m.events.append("Claimed")
+            m.happened("Claimed", SendFact.STARTED)  # the claimer sends at once
 
     @rule(by=owner_index, reason=st.sampled_from(list(AbandonReason)))
     def abandon(self, by: int, reason: AbandonReason) -> None:
         abandon = lambda: self.ledgers[by].abandon(OID, reason.value, "stateful test")  # noqa: E731
         if self._run("abandon", by, abandon):
             self.model.state = "abandoned"
-            self.model.events.append("Abandoned")
+            self.model.happened("Abandoned")
 
     # -- agreement ----------------------------------------------------------------------------
 
@@ -241,6 +251,8 @@ class ObligationMachine(RuleBasedStateMachine):
             assert status.version == len(m.events)
         history = self.reader.history(OID)
         assert [h.type for h in history] == m.events
+        carried = [h.fields.get("needs_marker", h.fields.get("may_have_arrived")) for h in history]
+        assert carried == m.decisions  # each marker decision is on its event, as the rule says
         # ADR 0026: the audit flags exactly the sends recorded as unguarded when a marker
         # was due; a guard not said is taken as the rule followed.
         findings = self.reader.audit_duplicates().findings

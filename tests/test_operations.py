@@ -9,6 +9,7 @@ import orjson
 import pytest
 
 from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.domain.delivery.obligation import DeliveryObligation
 from gateway_ledger.domain.errors import IllegalTransition, InvalidInput
 from gateway_ledger.projections.delivery.catalog import PROJECTION_NAMES, rebuild_and_verify
 from tests.operator_support import owner, plant_late_delivery, plant_unmarked_resend, record
@@ -189,7 +190,8 @@ def test_audit_flags_a_second_claim_at_the_same_fence(store_location: str) -> No
     agg = ledger._load("twice")
     now = agg.last_transition_at + timedelta(seconds=1)
     for claimer in (owner(4_200_006), owner(4_200_007)):
-        agg._claimed(
+        agg.trigger_event(  # forged claims: no guard would let them through
+            DeliveryObligation.Claimed,
             by=claimer,
             previous_owner=agg.owner,
             recovery_attempt=1,

@@ -71,6 +71,7 @@ FAST_TESTS = [
     # Pure domain tests first (a kill there costs a second), the SQLite state machine last.
     "tests/test_obligation_rules.py",
     "tests/test_obligation_domain.py",
+    "tests/test_obligation_marker.py",
     "tests/test_session_policy_bounds.py",
     "tests/test_session_policy.py",
     "tests/test_session_keys.py",
@@ -79,6 +80,7 @@ FAST_TESTS = [
     "tests/test_obligation_stateful.py",
 ]
 RUN_FIRST = {  # the tests most likely to kill a mutant of each file run before the others
+    "domain/delivery/marker.py": ["tests/test_obligation_marker.py"],
     "domain/sessions/policy.py": ["tests/test_session_policy_bounds.py"],
     "domain/sessions/key.py": ["tests/test_session_keys.py"],
     "domain/sessions/source.py": ["tests/test_session_keys.py"],
@@ -137,13 +139,14 @@ ERROR_TEXT_ARGS: dict[str, tuple[int, ...] | None] = {
     "InvalidInput": None,
     "IllegalTransition": None,
     "_refuse": None,
-    "_require_state": (0,),
+    "check_state": (0,),
     "_require_open": (0,),
     "require_text": (0,),
     "require_clear_text": (0,),
+    "require_content": (0,),
     "require_choice": (0,),
     "require_metadata": (0,),
-    "_require_not_quarantined": (0,),
+    "check_not_quarantined": (0,),
     "require_aware": (0,),
     "require_json_like": (0,),
     "optional_text": (0,),

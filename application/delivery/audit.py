@@ -2,7 +2,10 @@
 
 It streams the notification log in pages and reads each event's clear fields straight
 from its stored JSON (owner, fence, classification, marker): no aggregate is reloaded,
-nothing is decrypted, so a million events take seconds (``benchmarks/audit.py``).
+nothing is decrypted, so a replay of a whole log stays a scan (``benchmarks/audit.py``).
+Each stored topic names one of the obligation's event classes, and the replay dispatches
+on that class; whether a send needed the marker is the marker rule's answer
+(``gateway_ledger.domain.delivery.marker``).
 What it flags, and why, is ADR 0011:
 
 - a *possible duplicate*: two or more sends of one obligation that may have arrived (a
@@ -11,8 +14,9 @@ What it flags, and why, is ADR 0011:
   the ledger working as designed under ambiguity, reported but not a problem;
 - ``unmarked_resend``: a send started after one that may have arrived, without the marker
   (or the platform's idempotency key). Since ADR 0026 the gateway records in each
-  ``Attempting`` what guarded that send; older events, and sends started through the
-  synchronous API, which says nothing, are judged by the rule the gateway follows;
+  ``Attempting`` what guarded that send; a send that says no guard (the synchronous API,
+  or written before ADR 0026) went out as its recorded ``needs_marker`` says, or, written
+  before sends recorded that, as the marker rule derives it;
 - ``double_claim``: two claims at the same fence, or a claim whose previous owner was not
   the owner on record (the claimer acted on someone else's live claim);
 - ``claim_from_live_owner``: the owner that a claim (or an operator's retry) displaced
@@ -39,6 +43,7 @@ import attrs
 import orjson
 from eventsourcing.utils import get_topic
 
+from gateway_ledger.domain.delivery.marker import NOTHING_SENT, SendFact, marker_after
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation
 from gateway_ledger.domain.values import QuarantineReason, SendGuard
 from gateway_ledger.projections.delivery.obligation_index import ObligationIndexView
@@ -51,16 +56,15 @@ log = logging.getLogger("gateway_ledger.audit")
 PAGE_SIZE = 5000
 
 _PREFIX = get_topic(DeliveryObligation) + "."
-_AMBIGUOUS = "ambiguous"
 _GUARDED = frozenset({SendGuard.MARKER.value, SendGuard.IDEMPOTENCY_KEY.value})
 """Recorded send guards that keep a possible duplicate from going unannounced."""
 
-_KINDS = frozenset(
-    name
-    for name, value in vars(DeliveryObligation).items()
+_EVENT_CLASSES: dict[str, type[DeliveryObligation.Event]] = {
+    get_topic(value): value
+    for value in vars(DeliveryObligation).values()
     if isinstance(value, type) and issubclass(value, DeliveryObligation.Event)
-)
-"""The obligation's event types this version knows."""
+}
+"""The obligation's event types this version knows, by stored topic."""
 
 PROBLEM_KINDS = (
     "unmarked_resend",
@@ -148,6 +152,7 @@ class DuplicateAudit:
 
 
 Owner = tuple[Any, ...]
+Event = DeliveryObligation.Event
 
 
 def _when(state: dict[str, Any]) -> str:
@@ -163,7 +168,7 @@ def _fenced_out(ob: _Obligation, state: dict[str, Any], by: Owner) -> bool:
 
 
 class _Malformed(ValueError):
-    """Valid JSON of the wrong shape where an owner must be (a flipped bit inside a value,
+    """Valid JSON of the wrong shape where a fact must be (a flipped bit inside a value,
     written after the index caught up): the mapper refuses such an event too."""
 
 
@@ -177,6 +182,14 @@ def _owner(value: Any) -> Owner:
     return owner
 
 
+def _send_fact(kind: type[Event], state: dict[str, Any]) -> SendFact | None:
+    """What the event says of a send, read from its clear fields."""
+    try:
+        return kind.send_fact(state)
+    except (KeyError, ValueError) as e:
+        raise _Malformed(f"{kind.__name__} without a readable {e}") from None
+
+
 class _Send:
     __slots__ = ("by", "marked", "may_have_arrived", "version")
 
@@ -188,21 +201,28 @@ class _Send:
 
 
 class _Obligation:
-    """What the replay remembers of one obligation: owners, fences, sends."""
+    """What the replay remembers of one obligation: owners, fences, the marker, sends."""
 
-    __slots__ = ("claimed_fences", "displaced", "fence", "oid", "owner", "sends", "state")
+    __slots__ = (
+        "claimed_fences",
+        "displaced",
+        "fence",
+        "marker",
+        "oid",
+        "owner",
+        "sends",
+        "state",
+    )
 
     def __init__(self, oid: str, owner: Owner) -> None:
         self.oid = oid
         self.owner = owner
         self.fence = 0
         self.state = "pending"
+        self.marker = NOTHING_SENT  # as the rule derives it from the facts so far
         self.sends: list[_Send] = []
         self.claimed_fences: set[int] = set()
         self.displaced: dict[Owner, int] = {}  # fenced-out owner -> version that displaced it
-
-    def arrived_before(self) -> bool:
-        return any(s.may_have_arrived for s in self.sends)
 
     def last_send_by(self, by: Owner) -> _Send | None:
         for send in reversed(self.sends):
@@ -211,8 +231,17 @@ class _Obligation:
         return None
 
 
+Handler = Callable[["DuplicateAuditor", _Obligation, int, dict[str, Any], "Owner | None"], None]
+
+
 class DuplicateAuditor:
-    """Replays events in notification order; call :meth:`feed` per page, then :meth:`report`."""
+    """Replays events in notification order; call :meth:`feed` per page, then :meth:`report`.
+
+    Whether a send needed the marker is the marker rule's answer
+    (``domain/delivery/marker.py``), derived here with the rule's own function from the
+    facts each event states, not taken from the decisions the events record: the audit
+    judges what was recorded and sent against the rule.
+    """
 
     def __init__(self) -> None:
         self.obligations: dict[str, _Obligation] = {}
@@ -252,13 +281,13 @@ class DuplicateAuditor:
         if poisoned is not None and version >= poisoned[1]:
             self.undecodable(key, poisoned[0], poisoned[1], poisoned[2])
             return
-        kind = topic[len(_PREFIX) :]
         try:
             state: dict[str, Any] = orjson.loads(raw)
         except orjson.JSONDecodeError as e:  # written after the index caught up
             self.undecodable(key, key, version, f"undecodable: {e}")
             return
-        if kind not in _KINDS:
+        kind = _EVENT_CLASSES.get(topic)
+        if kind is None:
             self.undecodable(key, key, version, f"unknown_topic: {topic}")
             return
         try:
@@ -266,9 +295,9 @@ class DuplicateAuditor:
         except _Malformed as e:
             self.undecodable(key, key, version, f"undecodable: {e}")
 
-    def judge(self, key: str, version: int, kind: str, state: dict[str, Any]) -> None:
+    def judge(self, key: str, version: int, kind: type[Event], state: dict[str, Any]) -> None:
         """One decoded obligation event, in order: the audit's rules."""
-        if kind == "Recorded":
+        if kind is DeliveryObligation.Recorded:
             self.obligations[key] = _Obligation(
                 str(state.get("obligation_id") or key), _owner(state.get("owner"))
             )
@@ -277,6 +306,7 @@ class DuplicateAuditor:
         if ob is None:
             return  # an event of an aggregate whose creation we never saw (cannot judge)
         by = _owner(state["by"]) if state.get("by") else None
+        fact = _send_fact(kind, state)
         if by is not None and by in ob.displaced and (key, by) not in self._reported_live:
             self._reported_live.add((key, by))
             self.flag(
@@ -284,21 +314,29 @@ class DuplicateAuditor:
                 ob,
                 version,
                 state,
-                f"the owner displaced at v{ob.displaced[by]} appended {kind} at v{version}",
+                f"the owner displaced at v{ob.displaced[by]} appended "
+                f"{kind.__name__} at v{version}",
             )
         if state.get("late"):
-            self.flag("late_result", ob, version, state, f"{kind} reported late by a fenced owner")
-            return
-        handler = getattr(self, f"_on_{kind}", None)
-        if handler is not None:
-            handler(ob, version, state, by)
+            self.flag(
+                "late_result",
+                ob,
+                version,
+                state,
+                f"{kind.__name__} reported late by a fenced owner",
+            )
+        else:
+            handler = _HANDLERS.get(kind)
+            if handler is not None:
+                handler(self, ob, version, state, by)
+        ob.marker = marker_after(ob.marker, fact)
 
     # -- one method per event type ----------------------------------------------------------
 
     def _start_send(
         self, ob: _Obligation, version: int, state: dict[str, Any], by: Owner, marked: bool
     ) -> None:
-        if ob.arrived_before() and not marked:
+        if ob.marker.may_have_arrived and not marked:
             earlier = [s.version for s in ob.sends if s.may_have_arrived]
             self.flag(
                 "unmarked_resend",
@@ -309,7 +347,7 @@ class DuplicateAuditor:
             )
         ob.sends.append(_Send(version, by, marked))
 
-    def _on_Attempting(
+    def on_attempting(
         self, ob: _Obligation, version: int, state: dict[str, Any], by: Owner | None
     ) -> None:
         assert by is not None
@@ -320,13 +358,18 @@ class DuplicateAuditor:
             return
         ob.owner = by
         ob.state = "attempting"
-        # A guard not said (the synchronous API, or written before ADR 0026) is inferred:
-        # the gateway derives the marker from this very history (ADR 0006).
+        # A guard not said (the synchronous API, or written before ADR 0026) is taken as
+        # the rule followed: the send went out as its recorded decision says, or (written
+        # before events carried it) as the rule derives it from this very history.
         guard = state.get("guard")
-        marked = ob.arrived_before() if guard is None else guard in _GUARDED
+        if guard is not None:
+            marked = guard in _GUARDED
+        else:
+            needs_marker = state.get("needs_marker")
+            marked = ob.marker.may_have_arrived if needs_marker is None else bool(needs_marker)
         self._start_send(ob, version, state, by, marked=marked)
 
-    def _on_Claimed(
+    def on_claimed(
         self, ob: _Obligation, version: int, state: dict[str, Any], by: Owner | None
     ) -> None:
         assert by is not None
@@ -350,7 +393,7 @@ class DuplicateAuditor:
         ob.state = "claimed"
         self._start_send(ob, version, state, by, marked=bool(state.get("needs_marker")))
 
-    def _on_RetryRequested(
+    def on_retry_requested(
         self, ob: _Obligation, version: int, state: dict[str, Any], by: Owner | None
     ) -> None:
         assert by is not None
@@ -372,27 +415,27 @@ class DuplicateAuditor:
             return ob.last_send_by(by)
         return ob.sends[-1] if ob.sends else None
 
-    def _on_Delivered(
+    def on_delivered(
         self, ob: _Obligation, version: int, state: dict[str, Any], by: Owner | None
     ) -> None:
         self._result(ob, version, state, by, "Delivered")
         ob.state = "delivered"
 
-    def _on_PartDelivered(
+    def on_part_delivered(
         self, ob: _Obligation, version: int, state: dict[str, Any], by: Owner | None
     ) -> None:
         self._result(ob, version, state, by, "PartDelivered")
 
-    def _on_Failed(
+    def on_failed(
         self, ob: _Obligation, version: int, state: dict[str, Any], by: Owner | None
     ) -> None:
         send = self._result(ob, version, state, by, "Failed")
-        if send is not None and state.get("classification") != _AMBIGUOUS:
+        if send is not None and _send_fact(DeliveryObligation.Failed, state) is SendFact.REFUSED:
             send.may_have_arrived = False  # the platform said no: this send never arrived
         if by is None or not _fenced_out(ob, state, by):
             ob.state = "failed"
 
-    def _on_Quarantined(
+    def on_quarantined(
         self, ob: _Obligation, version: int, state: dict[str, Any], by: Owner | None
     ) -> None:
         assert by is not None
@@ -404,7 +447,7 @@ class DuplicateAuditor:
         ob.owner = by
         ob.fence = int(state.get("fence", ob.fence + 1))
 
-    def _on_Abandoned(
+    def on_abandoned(
         self, ob: _Obligation, version: int, state: dict[str, Any], by: Owner | None
     ) -> None:
         ob.state = "abandoned"
@@ -430,6 +473,20 @@ class DuplicateAuditor:
             findings=tuple(self.findings),
             possible_duplicates=tuple(self.duplicates()),
         )
+
+
+_HANDLERS: dict[type[Event], Handler] = {
+    DeliveryObligation.Attempting: DuplicateAuditor.on_attempting,
+    DeliveryObligation.Claimed: DuplicateAuditor.on_claimed,
+    DeliveryObligation.RetryRequested: DuplicateAuditor.on_retry_requested,
+    DeliveryObligation.Delivered: DuplicateAuditor.on_delivered,
+    DeliveryObligation.PartDelivered: DuplicateAuditor.on_part_delivered,
+    DeliveryObligation.Failed: DuplicateAuditor.on_failed,
+    DeliveryObligation.Quarantined: DuplicateAuditor.on_quarantined,
+    DeliveryObligation.Abandoned: DuplicateAuditor.on_abandoned,
+}
+"""What each event type changes in the replay (Recorded starts it; late results are only
+flagged)."""
 
 
 def undecodable_events(app: Application[Any]) -> dict[str, tuple[str, int, str]]:

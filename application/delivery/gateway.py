@@ -36,6 +36,7 @@ from gateway_ledger.application.delivery.ports import (
 from gateway_ledger.application.delivery.recovery import load_for_sending
 from gateway_ledger.application.delivery.recovery_port import RecoverySweep, ResumableSessions
 from gateway_ledger.application.delivery.scheduling import AsyncioScheduler, Scheduler
+from gateway_ledger.domain.delivery.marker import send_guard
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation, compute_obligation_id
 from gateway_ledger.domain.errors import (
     ConcurrentUpdate,
@@ -53,7 +54,6 @@ from gateway_ledger.domain.values import (
     ObligationState,
     OwnerIdentity,
     SendGuard,
-    send_guard,
 )
 from gateway_ledger.infrastructure.clock import Clock, system_clock
 from gateway_ledger.infrastructure.eventstore.group_commit import GroupCommitWriter, Written
@@ -895,7 +895,8 @@ class Gateway:
                     self._erased(flight.oid, "retry")
                 return
         else:
-            agg.arrived_before_this_send = True  # best-effort copy: assume it may have arrived
+            # Untracked: its history here may be behind the store's, so assume an earlier
+            # send may have arrived (the aggregate is not touched: nothing records this).
             flight.guard = _guard_for(flight.adapter, True)
         try:
             await self._send(flight)

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from gateway_ledger.domain.delivery.obligation import DeliveryObligation
 from gateway_ledger.domain.errors import ConcurrentUpdate
 from gateway_ledger.domain.values import ErrorClass
 
@@ -21,15 +22,46 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway_ledger.late_results")
 
-RESULT_EVENTS = frozenset({"Delivered", "Failed", "PartDelivered"})
+Result = DeliveryObligation.Delivered | DeliveryObligation.Failed | DeliveryObligation.PartDelivered
+RESULT_EVENTS = (
+    DeliveryObligation.Delivered,
+    DeliveryObligation.Failed,
+    DeliveryObligation.PartDelivered,
+)
 _ATTEMPTS = 3
 
 
-def results_of(events: Sequence[Any]) -> list[Any]:
-    return [e for e in events if type(e).__name__ in RESULT_EVENTS]
+def results_of(events: Sequence[object]) -> list[Result]:
+    return [e for e in events if isinstance(e, RESULT_EVENTS)]
 
 
-def record_results(ledger: DeliveryLedger, obligation_id: str, results: Sequence[Any]) -> int:
+def _reapply(obligation: DeliveryObligation, result: Result) -> None:
+    """The command that produced ``result``, run again with the fence its send started
+    under: on a claimed obligation the aggregate records it as late."""
+    if isinstance(result, DeliveryObligation.Delivered):
+        obligation.confirm_delivery(
+            by=result.by, now=result.timestamp, receipt=result.receipt, fence=result.fence
+        )
+    elif isinstance(result, DeliveryObligation.PartDelivered):
+        obligation.acknowledge_part(
+            by=result.by,
+            now=result.timestamp,
+            index=result.index,
+            receipt=result.receipt,
+            fence=result.fence,
+        )
+    else:
+        obligation.fail(
+            by=result.by,
+            now=result.timestamp,
+            error=result.error,
+            classification=ErrorClass(result.classification),
+            retry_after=result.retry_after,
+            fence=result.fence,
+        )
+
+
+def record_results(ledger: DeliveryLedger, obligation_id: str, results: Sequence[Result]) -> int:
     """Re-apply result events on the current aggregate; returns how many were late.
 
     Raises IllegalTransition when a result is neither legal nor fenced out (then it was not
@@ -37,26 +69,13 @@ def record_results(ledger: DeliveryLedger, obligation_id: str, results: Sequence
     """
     for attempt in range(_ATTEMPTS):
         obligation = ledger._load(obligation_id)
-        for e in results:
-            kind = type(e).__name__
-            if kind == "Delivered":
-                obligation.confirm_delivery(
-                    by=e.by, now=e.timestamp, receipt=e.receipt, fence=e.fence
-                )
-            elif kind == "PartDelivered":
-                obligation.acknowledge_part(
-                    by=e.by, now=e.timestamp, index=e.index, receipt=e.receipt, fence=e.fence
-                )
-            else:
-                obligation.fail(
-                    by=e.by,
-                    now=e.timestamp,
-                    error=e.error,
-                    classification=ErrorClass(e.classification),
-                    retry_after=e.retry_after,
-                    fence=e.fence,
-                )
-        late = sum(1 for p in obligation.pending_events if type(p).__name__ == "LateResultReported")
+        for result in results:
+            _reapply(obligation, result)
+        late = sum(
+            1
+            for p in obligation.pending_events
+            if isinstance(p, DeliveryObligation.LateResultReported)
+        )
         try:
             ledger._save(obligation, "late result" if late else "result")
         except ConcurrentUpdate:

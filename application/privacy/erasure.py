@@ -81,16 +81,27 @@ DELIVERY_PRIVACY = PrivacyPolicy(
         subject_from="session_key",
         clear=("obligation_id", "target.platform", "owner"),
     ),
-    InClear(_Obligation.Attempting, ("by", "fence", "guard")),
+    InClear(_Obligation.Attempting, ("by", "fence", "guard", "needs_marker")),
     SealedEvent(_Obligation.PartDelivered, ("receipt",), clear=("by", "index", "fence")),
     SealedEvent(_Obligation.Delivered, ("receipt",), clear=("by", "fence")),
     SealedEvent(
-        _Obligation.Failed, ("error",), clear=("by", "classification", "retry_after", "fence")
+        _Obligation.Failed,
+        ("error",),
+        clear=("by", "classification", "retry_after", "fence", "may_have_arrived"),
     ),
     SealedEvent(
         _Obligation.LateResultReported,
         ("receipt", "error"),
-        clear=("by", "outcome", "classification", "part", "fence", "current_fence", "late"),
+        clear=(
+            "by",
+            "outcome",
+            "classification",
+            "part",
+            "fence",
+            "current_fence",
+            "late",
+            "may_have_arrived",
+        ),
     ),
     InClear(
         _Obligation.Claimed, ("by", "previous_owner", "recovery_attempt", "needs_marker", "fence")

@@ -1,8 +1,10 @@
 """The DeliveryObligation aggregate: one final reply the gateway owes a user.
 
 Commands (``record``, ``start_attempt``, ``confirm_delivery``, ``fail``, ``claim``,
-``request_retry``, ``abandon``) validate and decide; the ``@event`` methods only mutate,
-because they are re-run every time the aggregate is reloaded from its events.
+``request_retry``, ``abandon``, ``quarantine``) check their named guards (``check_...``),
+decide, and trigger one explicit event class each (ADR 0039). An event's ``apply`` only mutates,
+because it is re-run every time the aggregate is reloaded from its events; whatever a
+reader needs to know of a decision (the duplicate marker) is carried by the event itself.
 """
 
 from __future__ import annotations
@@ -14,12 +16,12 @@ from datetime import datetime
 from typing import Any
 from uuid import NAMESPACE_URL, UUID, uuid5
 
-from eventsourcing.domain import Aggregate, event
+from eventsourcing.domain import Aggregate
 
+from gateway_ledger.domain.delivery.marker import NOTHING_SENT, Marker, SendFact, marker_after
 from gateway_ledger.domain.errors import IllegalTransition, InvalidInput
 from gateway_ledger.domain.topics import stored_as
 from gateway_ledger.domain.values import (
-    MAX_CONTENT_BYTES,
     MAX_REASON_CHARS,
     UNRESOLVED_STATES,
     AbandonReason,
@@ -36,6 +38,7 @@ from gateway_ledger.domain.values import (
     require_aware,
     require_choice,
     require_clear_text,
+    require_content,
     require_metadata,
     require_text,
 )
@@ -49,21 +52,9 @@ def compute_obligation_id(session_key: str, message_ref: str, content: str) -> s
     return hashlib.sha256(payload.encode("utf-8", "replace")).hexdigest()[:24]
 
 
-def _send_guard(value: SendGuard | str) -> str:
-    try:
-        return SendGuard(value).value
-    except ValueError:
-        raise InvalidInput(f"unknown send guard {value!r}") from None
-
-
 def obligation_uuid(obligation_id: str) -> UUID:
     """The aggregate id of an obligation: uuid5 of its 24-hex obligation id."""
     return uuid5(OBLIGATION_NAMESPACE, obligation_id)
-
-
-def _event_class(aggregate: type, name: str) -> Any:
-    """The event class an ``@event(name)`` method of the aggregate triggers."""
-    return getattr(aggregate, name)
 
 
 MAX_OBLIGATION_ID_CHARS = 200
@@ -103,6 +94,26 @@ def _operator_reason(detail: object) -> str:
     return require_clear_text("abandon reason", detail, max_chars=MAX_REASON_CHARS)
 
 
+def _retry_after(value: object) -> float | None:
+    """A platform's "try again in N seconds": finite and not negative, or not said."""
+    if value is None:
+        return None
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise InvalidInput("retry_after must be a finite, non-negative number of seconds")
+    return float(value)
+
+
+def _fence(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidInput("fence must be a non-negative int")
+    return value
+
+
 @stored_as("gateway_ledger.domain.obligation")
 class DeliveryObligation(Aggregate):
     """A reply owed to one chat target, from the moment it is recorded until it is resolved."""
@@ -120,8 +131,7 @@ class DeliveryObligation(Aggregate):
     recovery_attempts: int
     send_attempts: int
     fence: int
-    may_have_arrived: bool
-    arrived_before_this_send: bool
+    marker: Marker
     last_error: str
     error_class: ErrorClass | None
     retry_after: float | None
@@ -131,7 +141,226 @@ class DeliveryObligation(Aggregate):
     quarantine_reason: QuarantineReason | None
     last_transition_at: datetime
 
+    # -- events -----------------------------------------------------------------------------
+    #
+    # Class names and field names are stored (topic ``gateway_ledger.domain.obligation:
+    # DeliveryObligation.<Name>``) and never change; a field may be added with a default,
+    # so that events written before it still read.
+
+    class Event(Aggregate.Event):
+        """Base of the obligation's events: each says in ``apply`` what it changes."""
+
+        marker_decision = ""
+        """The field in which this event type carries the marker's decision ("": none)."""
+
+        @classmethod
+        def send_fact(cls, fields: Mapping[str, Any]) -> SendFact | None:
+            """What an event of this type with these fields says of a send (most: nothing)."""
+            return None
+
+        @classmethod
+        def marker_from_fields(cls, before: Marker, fields: Mapping[str, Any]) -> Marker:
+            """The marker after an event of this type with these (stored) fields: its
+            recorded decision, or for an event written before it carried one, derived."""
+            return marker_after(before, cls.send_fact(fields), fields.get(cls.marker_decision))
+
+        def marker_after(self, before: Marker) -> Marker:
+            """The marker after this event, from the marker before it."""
+            return self.marker_from_fields(before, vars(self))
+
+    class Recorded(Event, Aggregate.Created):
+        obligation_id: str
+        session_key: str
+        target: DeliveryTarget
+        content: str
+        parts: list[str]
+        media: list[MediaItem]
+        metadata: dict[str, Any]
+        owner: OwnerIdentity
+
+        def apply(self, obligation: DeliveryObligation) -> None:
+            obligation.obligation_id = self.obligation_id
+            obligation.session_key = self.session_key
+            obligation.target = self.target
+            obligation.content = self.content
+            obligation.parts = list(self.parts)
+            obligation.media = list(self.media)
+            obligation.metadata = dict(self.metadata)
+            obligation.owner = self.owner
+            obligation.recorded_at = self.timestamp
+            obligation.state = ObligationState.PENDING
+            obligation.recovery_attempts = 0  # claims by a recovery sweep; capped by policy
+            obligation.send_attempts = 0
+            obligation.fence = 0  # bumped by every claim: a superseded owner is fenced out
+            obligation.marker = NOTHING_SENT
+            obligation.last_error = ""
+            obligation.error_class = None
+            obligation.retry_after = None
+            obligation.receipt = []
+            obligation.delivered_parts = {}  # part index (str, a JSON key) -> message ids
+            obligation.abandon_reason = None
+            obligation.quarantine_reason = None
+            obligation.last_transition_at = self.timestamp
+
+    class Attempting(Event):
+        """The owner starts a send. ``guard``: what the sender did against an unannounced
+        duplicate (ADR 0026; None: not said). ``needs_marker``: whether an earlier send may
+        have arrived, so this one needed the marker (None: written before it was said)."""
+
+        by: OwnerIdentity
+        fence: int
+        guard: str | None = None
+        needs_marker: bool | None = None
+
+        marker_decision = "needs_marker"
+
+        @classmethod
+        def send_fact(cls, fields: Mapping[str, Any]) -> SendFact | None:
+            return SendFact.STARTED
+
+        def apply(self, obligation: DeliveryObligation) -> None:
+            obligation.state = ObligationState.ATTEMPTING
+            obligation.owner = self.by
+            obligation.send_attempts += 1
+            obligation.marker = self.marker_after(obligation.marker)
+            obligation.retry_after = None
+            obligation.last_transition_at = self.timestamp
+
+    class Delivered(Event):
+        by: OwnerIdentity
+        receipt: list[str]
+        fence: int
+
+        def apply(self, obligation: DeliveryObligation) -> None:
+            obligation.state = ObligationState.DELIVERED
+            obligation.receipt = list(self.receipt)
+            obligation.last_transition_at = self.timestamp
+
+    class PartDelivered(Event):
+        by: OwnerIdentity
+        index: int
+        receipt: list[str]
+        fence: int
+
+        def apply(self, obligation: DeliveryObligation) -> None:
+            obligation.delivered_parts[str(self.index)] = list(self.receipt)
+            obligation.last_transition_at = self.timestamp
+
+    class Failed(Event):
+        """The send in flight failed. ``may_have_arrived``: whether, after this failure,
+        some send may have reached the user (None: written before it was said)."""
+
+        by: OwnerIdentity
+        error: str
+        classification: str
+        retry_after: float | None
+        fence: int
+        may_have_arrived: bool | None = None
+
+        marker_decision = "may_have_arrived"
+
+        @classmethod
+        def send_fact(cls, fields: Mapping[str, Any]) -> SendFact | None:
+            return SendFact.failure(ErrorClass(fields["classification"]))
+
+        def apply(self, obligation: DeliveryObligation) -> None:
+            obligation.state = ObligationState.FAILED
+            obligation.last_error = self.error
+            obligation.error_class = ErrorClass(self.classification)
+            obligation.retry_after = self.retry_after
+            obligation.marker = self.marker_after(obligation.marker)
+            obligation.last_transition_at = self.timestamp
+
+    class LateResultReported(Event):
+        """A fenced-out owner's result (ADR 0010): a fact for history and audit, never a
+        transition; the state stays the current owner's. ``may_have_arrived`` as in
+        ``Failed``: a late success proves the reply reached the user."""
+
+        by: OwnerIdentity
+        outcome: str
+        receipt: list[str]
+        error: str
+        classification: str | None
+        part: int | None
+        fence: int | None
+        current_fence: int
+        late: bool
+        may_have_arrived: bool | None = None
+
+        marker_decision = "may_have_arrived"
+
+        @classmethod
+        def send_fact(cls, fields: Mapping[str, Any]) -> SendFact | None:
+            return SendFact.late_result(fields["outcome"])
+
+        def apply(self, obligation: DeliveryObligation) -> None:
+            obligation.marker = self.marker_after(obligation.marker)
+
+    class Claimed(Event):
+        """A recovery sweep took the obligation over; the claimer sends at once, with the
+        marker when ``needs_marker`` (an earlier send may have arrived)."""
+
+        by: OwnerIdentity
+        previous_owner: OwnerIdentity
+        recovery_attempt: int
+        needs_marker: bool
+        fence: int
+
+        marker_decision = "needs_marker"
+
+        @classmethod
+        def send_fact(cls, fields: Mapping[str, Any]) -> SendFact | None:
+            return SendFact.STARTED
+
+        def apply(self, obligation: DeliveryObligation) -> None:
+            obligation.state = ObligationState.CLAIMED
+            obligation.owner = self.by
+            obligation.recovery_attempts = self.recovery_attempt
+            obligation.fence = self.fence
+            obligation.marker = self.marker_after(obligation.marker)
+            obligation.last_transition_at = self.timestamp
+
+    class RetryRequested(Event):
+        by: OwnerIdentity
+        previous_owner: OwnerIdentity
+        requested_by: str
+        fence: int
+
+        def apply(self, obligation: DeliveryObligation) -> None:
+            obligation.state = ObligationState.PENDING
+            obligation.owner = self.by
+            obligation.fence = self.fence
+            obligation.recovery_attempts = 0
+            obligation.retry_after = None
+            obligation.last_transition_at = self.timestamp
+
+    class Abandoned(Event):
+        reason: str
+        detail: str
+        by: OwnerIdentity | None
+
+        def apply(self, obligation: DeliveryObligation) -> None:
+            obligation.state = ObligationState.ABANDONED
+            obligation.abandon_reason = AbandonReason(self.reason)
+            obligation.last_transition_at = self.timestamp
+
+    class Quarantined(Event):
+        by: OwnerIdentity
+        previous_owner: OwnerIdentity
+        reason: str
+        found_at: int
+        fence: int
+
+        def apply(self, obligation: DeliveryObligation) -> None:
+            obligation.quarantine_reason = QuarantineReason(self.reason)
+            obligation.owner = self.by
+            obligation.fence = self.fence
+            obligation.last_transition_at = self.timestamp
+
     # -- creation ---------------------------------------------------------------------------
+
+    def __init__(self) -> None:
+        """Every attribute is set by the ``Recorded`` event (see ``record``)."""
 
     @staticmethod
     def create_id(obligation_id: str) -> UUID:
@@ -156,12 +385,7 @@ class DeliveryObligation(Aggregate):
         require_text("session_key", session_key)
         if not isinstance(target, DeliveryTarget):
             raise InvalidInput("target must be a DeliveryTarget")
-        require_text("content", content, allow_empty=True)
-        if (
-            len(content) * 4 > MAX_CONTENT_BYTES
-            and len(content.encode("utf-8")) > MAX_CONTENT_BYTES
-        ):
-            raise InvalidInput(f"content is larger than {MAX_CONTENT_BYTES} bytes")
+        require_content("content", content)
         if not isinstance(owner, OwnerIdentity):
             raise InvalidInput("owner must be an OwnerIdentity")
         require_aware("now", now)
@@ -177,10 +401,8 @@ class DeliveryObligation(Aggregate):
             if not isinstance(item, MediaItem):
                 raise InvalidInput("media must hold MediaItem values")
         meta = require_metadata("metadata", metadata)
-        # ``_create`` with the event class is what ``cls(...)`` does after mapping its
-        # arguments to keywords, which they already are (ADR 0015: hot path).
-        recorded: Any = cls._create(
-            _event_class(cls, "Recorded"),
+        return cls._create(
+            cls.Recorded,
             obligation_id=obligation_id,
             session_key=session_key,
             target=target,
@@ -191,51 +413,24 @@ class DeliveryObligation(Aggregate):
             owner=owner,
             timestamp=now,
         )
-        return recorded  # type: ignore[no-any-return]
-
-    @event("Recorded")
-    def __init__(
-        self,
-        obligation_id: str,
-        session_key: str,
-        target: DeliveryTarget,
-        content: str,
-        parts: list[str],
-        media: list[MediaItem],
-        metadata: dict[str, Any],
-        owner: OwnerIdentity,
-        timestamp: datetime,
-    ) -> None:
-        self.obligation_id = obligation_id
-        self.session_key = session_key
-        self.target = target
-        self.content = content
-        self.parts = list(parts)
-        self.media = list(media)
-        self.metadata = dict(metadata)
-        self.owner = owner
-        self.recorded_at = timestamp
-        self.state = ObligationState.PENDING
-        self.recovery_attempts = 0  # claims by a recovery sweep; capped by the policy
-        self.send_attempts = 0
-        self.fence = 0  # bumped by every claim: a superseded owner is fenced out
-        self.may_have_arrived = False
-        self.arrived_before_this_send = False
-        self.last_error = ""
-        self.error_class = None
-        self.retry_after: float | None = None
-        self.receipt = []
-        self.delivered_parts = {}  # part index (as str, a JSON key) -> platform message ids
-        self.abandon_reason = None
-        self.quarantine_reason = None
-        self.last_transition_at = timestamp
 
     # -- derived facts ----------------------------------------------------------------------
 
     @property
+    def may_have_arrived(self) -> bool:
+        """Some send may have reached the user: the next send goes out with the marker."""
+        return self.marker.may_have_arrived
+
+    @property
     def needs_marker(self) -> bool:
         """True when a previous send may have reached the user, so a re-send may duplicate."""
-        return self.may_have_arrived
+        return self.marker.may_have_arrived
+
+    @property
+    def arrived_before_this_send(self) -> bool:
+        """Whether the send in flight needed the marker, as its ``Attempting`` or
+        ``Claimed`` recorded (a late success since counts too)."""
+        return self.marker.arrived_before_this_send
 
     @property
     def part_count(self) -> int:
@@ -254,35 +449,62 @@ class DeliveryObligation(Aggregate):
     def platform(self) -> str:
         return self.target.platform
 
-    def _trigger(self, name: str, **kwargs: Any) -> None:
-        """Trigger the ``@event`` named ``name`` with these keyword arguments.
+    @property
+    def is_quarantined(self) -> bool:
+        return self.quarantine_reason is not None
 
-        The same event and the same mutation (its ``@event`` method's body) as calling
-        the decorated method, without the decorator's per-call argument mapping, which
-        costs as much as the rest of the event (ADR 0015). For the delivery hot path.
+    def is_fenced_out(self, by: OwnerIdentity, fence: int | None = None) -> bool:
+        """True when ``by`` lost the obligation to a later claim (ADR 0010).
+
+        With the reporter's fence: it is older than the current one. Without: after a claim
+        (fence > 0) only the current owner speaks for the obligation.
         """
-        self.trigger_event(_event_class(type(self), name), **kwargs)
+        if fence is not None:
+            return _fence(fence) < self.fence
+        return self.fence > 0 and by != self.owner
+
+    # -- guards: each refuses one transition by name, before any event exists -----------------
 
     def _refuse(self, transition: str, why: str = "") -> IllegalTransition:
         return IllegalTransition(
             "DeliveryObligation", self.obligation_id, self.state.value, transition, why
         )
 
-    def _require_state(self, transition: str, *allowed: ObligationState) -> None:
+    def check_state(self, transition: str, *allowed: ObligationState) -> None:
+        """The transition is one the current state allows."""
         if self.state not in allowed:
             raise self._refuse(transition)
 
-    @property
-    def is_quarantined(self) -> bool:
-        return self.quarantine_reason is not None
-
-    def _require_not_quarantined(self, transition: str) -> None:
+    def check_not_quarantined(self, transition: str) -> None:
         """Nothing unreadable is ever sent: a quarantined obligation is never sent again."""
-        if self.is_quarantined:
-            assert self.quarantine_reason is not None
+        if self.quarantine_reason is not None:
             raise self._refuse(transition, f"quarantined ({self.quarantine_reason.value})")
 
-    # -- commands and their events ----------------------------------------------------------
+    def check_sender(self, by: OwnerIdentity) -> None:
+        """After a claim only the claimer may start a send (fencing, ADR 0010)."""
+        if self.fence > 0 and by != self.owner:
+            raise self._refuse("attempting", f"claimed by {self.owner.describe()}; fenced out")
+
+    def check_part_index(self, index: object) -> None:
+        """A part is named by its index in this reply (text chunks, then media items)."""
+        if not isinstance(index, int) or isinstance(index, bool):
+            raise InvalidInput("part index must be an int")
+        if not 0 <= index < self.part_count:
+            raise InvalidInput(f"part index {index} is outside 0..{self.part_count - 1}")
+
+    def check_part_unconfirmed(self, index: int) -> None:
+        """A part is confirmed once."""
+        if self.part_delivered(index):
+            raise self._refuse(f"part {index} delivered", "that part is already confirmed")
+
+    def check_claimer(self, by: OwnerIdentity, policy: LedgerPolicy) -> None:
+        """A process never claims its own obligation, and claims stop at the policy's cap."""
+        if by == self.owner:
+            raise self._refuse("claimed", "a process never claims its own obligation")
+        if self.recovery_attempts >= policy.max_attempts:
+            raise self._refuse("claimed", f"{self.recovery_attempts} recovery claims already")
+
+    # -- commands ---------------------------------------------------------------------------
 
     def start_attempt(
         self, *, by: OwnerIdentity, now: datetime, guard: SendGuard | str | None = None
@@ -293,24 +515,19 @@ class DeliveryObligation(Aggregate):
         recorded so that the audit reads it instead of inferring it. None: not said.
         """
         require_aware("now", now)
-        said = None if guard is None else _send_guard(guard)
-        self._require_state("attempting", ObligationState.PENDING, ObligationState.FAILED)
-        self._require_not_quarantined("attempting")
-        if self.fence > 0 and by != self.owner:
-            raise self._refuse("attempting", f"claimed by {self.owner.describe()}; fenced out")
-        self._trigger("Attempting", by=by, fence=self.fence, timestamp=now, guard=said)
-
-    @event("Attempting")
-    def _attempting(
-        self, by: OwnerIdentity, fence: int, timestamp: datetime, guard: str | None = None
-    ) -> None:
-        self.state = ObligationState.ATTEMPTING
-        self.owner = by
-        self.send_attempts += 1
-        self.arrived_before_this_send = self.may_have_arrived
-        self.may_have_arrived = True
-        self.retry_after = None
-        self.last_transition_at = timestamp
+        said = None if guard is None else require_choice("send guard", guard, SendGuard).value
+        self.check_state("attempting", ObligationState.PENDING, ObligationState.FAILED)
+        self.check_not_quarantined("attempting")
+        self.check_sender(by)
+        after = marker_after(self.marker, SendFact.STARTED)
+        self.trigger_event(
+            self.Attempting,
+            by=by,
+            fence=self.fence,
+            guard=said,
+            needs_marker=after.arrived_before_this_send,
+            timestamp=now,
+        )
 
     def confirm_delivery(
         self,
@@ -330,16 +547,8 @@ class DeliveryObligation(Aggregate):
         if self.is_fenced_out(by, fence):
             self._report_late(by, now, fence, "delivered", receipt=ids)
             return
-        self._require_state("delivered", ObligationState.ATTEMPTING, ObligationState.CLAIMED)
-        self._trigger("Delivered", by=by, receipt=ids, fence=self.fence, timestamp=now)
-
-    @event("Delivered")
-    def _delivered(
-        self, by: OwnerIdentity, receipt: list[str], fence: int, timestamp: datetime
-    ) -> None:
-        self.state = ObligationState.DELIVERED
-        self.receipt = list(receipt)
-        self.last_transition_at = timestamp
+        self.check_state("delivered", ObligationState.ATTEMPTING, ObligationState.CLAIMED)
+        self.trigger_event(self.Delivered, by=by, receipt=ids, fence=self.fence, timestamp=now)
 
     def acknowledge_part(
         self,
@@ -352,28 +561,19 @@ class DeliveryObligation(Aggregate):
     ) -> None:
         """One part of a multi-part reply was confirmed: recovery re-sends only the others."""
         require_aware("now", now)
-        if not isinstance(index, int) or isinstance(index, bool):
-            raise InvalidInput("part index must be an int")
-        if not 0 <= index < self.part_count:
-            raise InvalidInput(f"part index {index} is outside 0..{self.part_count - 1}")
+        self.check_part_index(index)
         if self.is_fenced_out(by, fence):
             ids = receipt_ids(receipt)
             self._report_late(by, now, fence, "part_delivered", receipt=ids, part=index)
             return
-        self._require_state(
+        self.check_state(
             f"part {index} delivered", ObligationState.ATTEMPTING, ObligationState.CLAIMED
         )
-        if self.part_delivered(index):
-            raise self._refuse(f"part {index} delivered", "that part is already confirmed")
+        self.check_part_unconfirmed(index)
         ids = receipt_ids(receipt)
-        self._part_delivered(by=by, index=index, receipt=ids, fence=self.fence, timestamp=now)
-
-    @event("PartDelivered")
-    def _part_delivered(
-        self, by: OwnerIdentity, index: int, receipt: list[str], fence: int, timestamp: datetime
-    ) -> None:
-        self.delivered_parts[str(index)] = list(receipt)
-        self.last_transition_at = timestamp
+        self.trigger_event(
+            self.PartDelivered, by=by, index=index, receipt=ids, fence=self.fence, timestamp=now
+        )
 
     def fail(
         self,
@@ -389,66 +589,24 @@ class DeliveryObligation(Aggregate):
         require_aware("now", now)
         if not isinstance(error, str):
             raise InvalidInput("error must be a str")
-        try:
-            classification = ErrorClass(classification)
-        except ValueError:
-            raise InvalidInput(f"unknown error classification {classification!r}") from None
-        if retry_after is not None and (
-            not isinstance(retry_after, int | float)
-            or isinstance(retry_after, bool)
-            or not math.isfinite(retry_after)
-            or retry_after < 0
-        ):
-            raise InvalidInput("retry_after must be a finite, non-negative number of seconds")
+        judged = require_choice("error classification", classification, ErrorClass)
+        seconds = _retry_after(retry_after)
         text = cut_error(error)
         if self.is_fenced_out(by, fence):
-            self._report_late(
-                by, now, fence, "failed", error=text, classification=classification.value
-            )
+            self._report_late(by, now, fence, "failed", error=text, classification=judged.value)
             return
-        self._require_state("failed", ObligationState.ATTEMPTING, ObligationState.CLAIMED)
-        self._failed(
+        self.check_state("failed", ObligationState.ATTEMPTING, ObligationState.CLAIMED)
+        after = marker_after(self.marker, SendFact.failure(judged))
+        self.trigger_event(
+            self.Failed,
             by=by,
             error=text,
-            classification=classification.value,
-            retry_after=None if retry_after is None else float(retry_after),
+            classification=judged.value,
+            retry_after=seconds,
             fence=self.fence,
+            may_have_arrived=after.may_have_arrived,
             timestamp=now,
         )
-
-    @event("Failed")
-    def _failed(
-        self,
-        by: OwnerIdentity,
-        error: str,
-        classification: str,
-        retry_after: float | None,
-        fence: int,
-        timestamp: datetime,
-    ) -> None:
-        self.state = ObligationState.FAILED
-        self.last_error = error
-        self.error_class = ErrorClass(classification)
-        self.retry_after = retry_after
-        if not self.error_class.may_have_arrived:
-            # The platform said no: this send did not reach the user. Earlier sends that
-            # might have are already on record, so only an ambiguous failure raises the flag.
-            self.may_have_arrived = self.arrived_before_this_send
-        self.last_transition_at = timestamp
-
-    # -- fencing: results from an owner whose claim was superseded (ADR 0010) ---------------
-
-    def is_fenced_out(self, by: OwnerIdentity, fence: int | None = None) -> bool:
-        """True when ``by`` lost the obligation to a later claim.
-
-        With the reporter's fence: it is older than the current one. Without: after a claim
-        (fence > 0) only the current owner speaks for the obligation.
-        """
-        if fence is not None:
-            if not isinstance(fence, int) or isinstance(fence, bool) or fence < 0:
-                raise InvalidInput("fence must be a non-negative int")
-            return fence < self.fence
-        return self.fence > 0 and by != self.owner
 
     def _report_late(
         self,
@@ -462,7 +620,10 @@ class DeliveryObligation(Aggregate):
         classification: str | None = None,
         part: int | None = None,
     ) -> None:
-        self._late_result(
+        """A fenced-out owner's result: recorded as a fact, never as a transition."""
+        after = marker_after(self.marker, SendFact.late_result(outcome))
+        self.trigger_event(
+            self.LateResultReported,
             by=by,
             outcome=outcome,
             receipt=list(receipt),
@@ -472,103 +633,46 @@ class DeliveryObligation(Aggregate):
             fence=fence,
             current_fence=self.fence,
             late=True,
+            may_have_arrived=after.may_have_arrived,
             timestamp=now,
         )
-
-    @event("LateResultReported")
-    def _late_result(
-        self,
-        by: OwnerIdentity,
-        outcome: str,
-        receipt: list[str],
-        error: str,
-        classification: str | None,
-        part: int | None,
-        fence: int | None,
-        current_fence: int,
-        late: bool,
-        timestamp: datetime,
-    ) -> None:
-        """A fenced-out owner's result: a fact for history and audit, never a transition.
-
-        The state stays the current owner's. A late success proves the reply reached the
-        user, so any later send of it may only go out as a possible duplicate.
-        """
-        if outcome == "delivered":
-            self.may_have_arrived = True
-            self.arrived_before_this_send = True
 
     def claim(self, *, by: OwnerIdentity, now: datetime, policy: LedgerPolicy) -> None:
         """A recovery sweep takes the obligation over from a dead owner."""
         require_aware("now", now)
-        self._require_state("claimed", *UNRESOLVED_STATES)
-        self._require_not_quarantined("claimed")
-        if by == self.owner:
-            raise self._refuse("claimed", "a process never claims its own obligation")
-        if self.recovery_attempts >= policy.max_attempts:
-            raise self._refuse("claimed", f"{self.recovery_attempts} recovery claims already")
-        self._claimed(
+        self.check_state("claimed", *UNRESOLVED_STATES)
+        self.check_not_quarantined("claimed")
+        self.check_claimer(by, policy)
+        after = marker_after(self.marker, SendFact.STARTED)
+        self.trigger_event(
+            self.Claimed,
             by=by,
             previous_owner=self.owner,
             recovery_attempt=self.recovery_attempts + 1,
-            needs_marker=self.may_have_arrived,
+            needs_marker=after.arrived_before_this_send,
             fence=self.fence + 1,
             timestamp=now,
         )
-
-    @event("Claimed")
-    def _claimed(
-        self,
-        by: OwnerIdentity,
-        previous_owner: OwnerIdentity,
-        recovery_attempt: int,
-        needs_marker: bool,
-        fence: int,
-        timestamp: datetime,
-    ) -> None:
-        self.state = ObligationState.CLAIMED
-        self.owner = by
-        self.recovery_attempts = recovery_attempt
-        self.fence = fence
-        # The claimer sends at once: from here on a send may have started.
-        self.arrived_before_this_send = needs_marker
-        self.may_have_arrived = True
-        self.last_transition_at = timestamp
 
     def request_retry(self, *, by: OwnerIdentity, now: datetime, requested_by: str = "") -> None:
         """An operator asks for another try: any gateway's next sweep may claim it at once.
 
         The operator becomes the owner (so the previous owner is fenced out and the sweep
         never asks whether it is alive), the recovery budget starts again, and the marker
-        flag is kept: a re-send after a send that may have arrived is still labelled.
+        is kept: a re-send after a send that may have arrived is still labelled.
         """
         require_aware("now", now)
-        self._require_state("retry requested", *UNRESOLVED_STATES)
-        self._require_not_quarantined("retry requested")
+        self.check_state("retry requested", *UNRESOLVED_STATES)
+        self.check_not_quarantined("retry requested")
         require_clear_text("requested_by", requested_by, allow_empty=True)
-        self._retry_requested(
+        self.trigger_event(
+            self.RetryRequested,
             by=by,
             previous_owner=self.owner,
             requested_by=requested_by,
             fence=self.fence + 1,
             timestamp=now,
         )
-
-    @event("RetryRequested")
-    def _retry_requested(
-        self,
-        by: OwnerIdentity,
-        previous_owner: OwnerIdentity,
-        requested_by: str,
-        fence: int,
-        timestamp: datetime,
-    ) -> None:
-        self.state = ObligationState.PENDING
-        self.owner = by
-        self.fence = fence
-        self.recovery_attempts = 0
-        self.retry_after = None
-        self.last_transition_at = timestamp
 
     def abandon(
         self,
@@ -580,22 +684,14 @@ class DeliveryObligation(Aggregate):
     ) -> None:
         require_aware("now", now)
         reason = require_choice("abandon reason", reason, AbandonReason)
-        self._require_state(f"abandoned ({reason.value})", *UNRESOLVED_STATES)
+        self.check_state(f"abandoned ({reason.value})", *UNRESOLVED_STATES)
         if reason is AbandonReason.OPERATOR:
             detail = _operator_reason(detail)
         elif not isinstance(detail, str):
             raise InvalidInput("detail must be a str")
         else:
             detail = cut_error(detail)  # a platform's or a sweep's words: kept, never refused
-        self._abandoned(reason=reason.value, detail=detail, by=by, timestamp=now)
-
-    @event("Abandoned")
-    def _abandoned(
-        self, reason: str, detail: str, by: OwnerIdentity | None, timestamp: datetime
-    ) -> None:
-        self.state = ObligationState.ABANDONED
-        self.abandon_reason = AbandonReason(reason)
-        self.last_transition_at = timestamp
+        self.trigger_event(self.Abandoned, reason=reason.value, detail=detail, by=by, timestamp=now)
 
     def quarantine(
         self,
@@ -615,9 +711,10 @@ class DeliveryObligation(Aggregate):
         reason = require_choice("quarantine reason", reason, QuarantineReason)
         if not isinstance(found_at, int) or isinstance(found_at, bool) or found_at < 1:
             raise InvalidInput("found_at must be an event version (an int >= 1)")
-        self._require_state("quarantined", *UNRESOLVED_STATES)
-        self._require_not_quarantined("quarantined")
-        self._quarantined(
+        self.check_state("quarantined", *UNRESOLVED_STATES)
+        self.check_not_quarantined("quarantined")
+        self.trigger_event(
+            self.Quarantined,
             by=by,
             previous_owner=self.owner,
             reason=reason.value,
@@ -625,18 +722,3 @@ class DeliveryObligation(Aggregate):
             fence=self.fence + 1,
             timestamp=now,
         )
-
-    @event("Quarantined")
-    def _quarantined(
-        self,
-        by: OwnerIdentity,
-        previous_owner: OwnerIdentity,
-        reason: str,
-        found_at: int,
-        fence: int,
-        timestamp: datetime,
-    ) -> None:
-        self.quarantine_reason = QuarantineReason(reason)
-        self.owner = by
-        self.fence = fence
-        self.last_transition_at = timestamp
