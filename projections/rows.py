@@ -7,8 +7,8 @@ commits it together with the view's position. So the same projection is kept in 
 and in PostgreSQL, and a rebuild replays exactly the changes the live view made.
 
 An update gives its columns' new values, and may give some columns a value relative to
-the row as it was before the change (:class:`Add`, :class:`Previous`), so that no change
-needs the row to be read first.
+the row as it was before the change (:class:`Add`, :class:`Previous`, :class:`Case`), so
+that no change needs the row to be read first.
 """
 
 from __future__ import annotations
@@ -31,10 +31,19 @@ class Previous(NamedTuple):
     column: str
 
 
+class Case(NamedTuple):
+    """A value chosen by what the row held in ``columns`` before the change: ``choices``
+    pairs each combination of their (integer) values, in the order of ``columns``, with
+    the new (integer) value; for any other combination the column keeps its value."""
+
+    columns: tuple[str, ...]
+    choices: tuple[tuple[tuple[int, ...], int], ...]
+
+
 Value = object
 """A column's new value, as the store holds it (text, integers, NULL)."""
 
-Relative = Add | Previous
+Relative = Add | Previous | Case
 
 NO_RELATIVE: Mapping[str, Relative] = {}
 

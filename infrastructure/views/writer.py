@@ -4,8 +4,8 @@ A projection says what one event changes; this module is the one place that says
 that is written in SQL: an insert that keeps an existing row, an update or a delete of a
 row that still takes changes (the view's ``guard``), an upsert that replaces a few columns.
 Relative values are written against the row before the statement (``col + 1``, another
-column's old value), so no change reads the row first. Statements are built once
-per shape of change and reused.
+column's old value, a ``CASE`` over old values), so no change reads the row first.
+Statements are built once per shape of change and reused.
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ from gateway_ledger.infrastructure.eventstore.sql_dialect import (
 )
 from gateway_ledger.projections.rows import (
     Add,
+    Case,
     Delete,
     Insert,
+    Previous,
     Relative,
     RowChange,
     Update,
@@ -62,6 +64,8 @@ class RowWriter:
     def _update(self, cursor: Cursor, change: Update) -> None:
         values = change.values
         relative = change.relative
+        if not values and not relative:
+            return  # nothing to set
         shape = (Update, tuple(values), tuple(relative.items()) if relative else ())
         sql = self._statements.get(shape)
         if sql is None:
@@ -78,8 +82,10 @@ class RowWriter:
             column = check_identifier(name)
             if isinstance(value, Add):
                 sets.append(f"{column} = {column} + {int(value.amount)}")
-            else:
+            elif isinstance(value, Previous):
                 sets.append(f"{column} = {check_identifier(value.column)}")
+            else:
+                sets.append(f"{column} = {_case(column, value)}")
         where = f"{self.key} = ?" + (f" AND {self.guard}" if self.guard else "")
         return self.dialect.sql(f"UPDATE {self.table} SET {', '.join(sets)} WHERE {where}")
 
@@ -121,3 +127,14 @@ class RowWriter:
                 f"DELETE FROM {self.table} WHERE {where}"
             )
         return sql
+
+
+def _case(column: str, case: Case) -> str:
+    """``CASE WHEN a = 0 AND b = 1 THEN 1 ... ELSE column END``: integers only, inlined
+    (a statement is built once per shape and reused, so its literals are constants)."""
+    names = [check_identifier(c) for c in case.columns]
+    whens = []
+    for combination, result in case.choices:
+        condition = " AND ".join(f"{n} = {int(v)}" for n, v in zip(names, combination, strict=True))
+        whens.append(f"WHEN {condition} THEN {int(result)}")
+    return f"CASE {' '.join(whens)} ELSE {column} END"

@@ -5,12 +5,15 @@ or why they were abandoned), so ``status`` and ``list`` read this index and neve
 history. A row holds no personal data: the session appears only as its keyed subject id
 (the same name the privacy keyring uses), never as the session key or chat id.
 
-The marker columns follow the aggregate's own rule (ADR 0006): ``may_have_arrived`` is
-raised by every send and lowered only by a failure the platform says did not arrive.
+The marker columns hold what the aggregate holds (ADR 0006): each event's recorded
+decision, or for an event written before events recorded it, what the one rule
+(``domain/delivery/marker.py``) derives from the marker before it; the index never
+restates the rule.
 """
 
 from __future__ import annotations
 
+import itertools
 from abc import abstractmethod
 from collections.abc import Mapping
 from datetime import datetime
@@ -19,10 +22,10 @@ from uuid import UUID
 
 import attrs
 
+from gateway_ledger.domain.delivery.marker import NOTHING_SENT, Marker, SendFact, marker_after
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation
 from gateway_ledger.domain.values import (
     UNRESOLVED_STATES,
-    ErrorClass,
     ObligationState,
     OwnerIdentity,
 )
@@ -34,10 +37,12 @@ from gateway_ledger.projections.delivery.obligation_view import (
 from gateway_ledger.projections.rows import (
     NO_RELATIVE,
     Add,
+    Case,
     Insert,
     Previous,
     Relative,
     RowChange,
+    Update,
     Value,
 )
 from gateway_ledger.projections.view import MaterializedView
@@ -121,14 +126,54 @@ def owner_values(owner: OwnerIdentity) -> dict[str, Value]:
     return {"owner_host": owner.host, "owner_pid": owner.pid}
 
 
-_ATTEMPTING: Mapping[str, Relative] = {
-    "send_attempts": Add(1),
-    "arrived_before": Previous("may_have_arrived"),  # what the send in flight falls back to
-}
+_ONE_MORE_SEND: Mapping[str, Relative] = {"send_attempts": Add(1)}
 _ONE_MORE_CLAIM: Mapping[str, Relative] = {"claims": Add(1)}
 _ONE_MORE_RETRY: Mapping[str, Relative] = {"retries": Add(1)}
-_REFUSED: Mapping[str, Relative] = {"may_have_arrived": Previous("arrived_before")}
-"""A failure the platform says did not arrive strikes off only the send in flight."""
+
+MARKER_COLUMNS = ("may_have_arrived", "arrived_before")
+"""The index's copy of the aggregate's duplicate marker (``domain/delivery/marker.py``),
+as 0 or 1 each, in the order of :class:`~gateway_ledger.domain.delivery.marker.Marker`."""
+
+_MARKERS = tuple(itertools.product((0, 1), repeat=len(MARKER_COLUMNS)))
+
+
+@attrs.frozen
+class MarkerChange:
+    """What one kind of event does to the marker columns: new values, and values that
+    depend on the marker the row held before (written without reading the row)."""
+
+    values: Mapping[str, int]
+    relative: Mapping[str, Relative]
+
+
+NO_MARKER_CHANGE = MarkerChange({}, NO_RELATIVE)
+
+
+def marker_change(fact: SendFact, recorded: bool | None) -> MarkerChange:
+    """The marker columns after an event stating ``fact`` with the decision ``recorded``
+    (None: an event written before events carried it), for each marker the row may hold
+    before it, by the one rule: :func:`~gateway_ledger.domain.delivery.marker.marker_after`.
+
+    A column the rule sets alike for every earlier marker gets that value; one it copies
+    from the earlier marker gets that column's old value; anything else a ``CASE``.
+    """
+    after = {m: marker_after(Marker(*map(bool, m)), fact, recorded) for m in _MARKERS}
+    values: dict[str, int] = {}
+    relative: dict[str, Relative] = {}
+    for i, column in enumerate(MARKER_COLUMNS):
+        results = {m: int(after[m][i]) for m in _MARKERS}
+        copied = [
+            j for j in range(len(MARKER_COLUMNS)) if all(results[m] == m[j] for m in _MARKERS)
+        ]
+        if len(set(results.values())) == 1:
+            values[column] = results[_MARKERS[0]]
+        elif i in copied:
+            continue  # the column keeps its value
+        elif copied:
+            relative[column] = Previous(MARKER_COLUMNS[copied[0]])
+        else:
+            relative[column] = Case(MARKER_COLUMNS, tuple(results.items()))
+    return MarkerChange(values, relative)
 
 
 class IndexProjection(ObligationProjection):
@@ -146,13 +191,43 @@ class IndexProjection(ObligationProjection):
         "recovery_attempts": 0,
         "retries": 0,
         "fence": 0,
-        "may_have_arrived": 0,
-        "arrived_before": 0,
+        **dict(zip(MARKER_COLUMNS, map(int, NOTHING_SENT), strict=True)),
     }
 
     def __init__(self, subjects: SubjectNames, name: str = INDEX_NAME) -> None:
         super().__init__(name)
         self.subjects = subjects
+        self._markers: dict[tuple[SendFact, bool | None], MarkerChange] = {}
+
+    def marker(self, event: DeliveryObligation.Event) -> MarkerChange:
+        """What ``event`` does to the marker columns: the decision it records (or, for an
+        event written before it recorded one, the rule's derivation; ADR 0006)."""
+        cls = type(event)
+        fields = vars(event)
+        fact = cls.send_fact(fields)
+        if fact is None:
+            return NO_MARKER_CHANGE
+        key = (fact, fields.get(cls.marker_decision))
+        found = self._markers.get(key)
+        if found is None:
+            found = self._markers[key] = marker_change(*key)
+        return found
+
+    def update(
+        self,
+        event: DeliveryObligation.Event,
+        values: dict[str, Value],
+        relative: Mapping[str, Relative] = NO_RELATIVE,
+        *,
+        moment: int | None = None,
+    ) -> Update:
+        """Every change of a row also takes what its event does to the marker."""
+        marker = self.marker(event)
+        if marker.values:
+            values.update(marker.values)
+        if marker.relative:
+            relative = {**relative, **marker.relative}
+        return super().update(event, values, relative, moment=moment)
 
     def recorded(self, event: DeliveryObligation.Recorded) -> RowChange:
         moment = to_micros(event.timestamp)
@@ -173,8 +248,7 @@ class IndexProjection(ObligationProjection):
                 "recovery_attempts": 0,
                 "retries": 0,
                 "fence": 0,
-                "may_have_arrived": 0,
-                "arrived_before": 0,
+                **dict(zip(MARKER_COLUMNS, map(int, NOTHING_SENT), strict=True)),
                 "error_class": None,
                 "abandon_reason": None,
                 "version": event.originator_version,
@@ -186,16 +260,13 @@ class IndexProjection(ObligationProjection):
     def attempting(self, event: DeliveryObligation.Attempting) -> RowChange:
         values = owner_values(event.by)
         values["state"] = ObligationState.ATTEMPTING.value
-        values["may_have_arrived"] = 1
-        return self.update(event, values, _ATTEMPTING)
+        return self.update(event, values, _ONE_MORE_SEND)
 
     def claimed(self, event: DeliveryObligation.Claimed) -> RowChange:
         values = owner_values(event.by)
         values["state"] = ObligationState.CLAIMED.value
         values["recovery_attempts"] = event.recovery_attempt
         values["fence"] = event.fence
-        values["arrived_before"] = int(bool(event.needs_marker))
-        values["may_have_arrived"] = 1
         return self.update(event, values, _ONE_MORE_CLAIM)
 
     def failed(self, event: DeliveryObligation.Failed) -> RowChange:
@@ -203,8 +274,7 @@ class IndexProjection(ObligationProjection):
             "state": ObligationState.FAILED.value,
             "error_class": event.classification,
         }
-        refused = ErrorClass(event.classification).may_have_arrived is False
-        return self.update(event, values, _REFUSED if refused else NO_RELATIVE)
+        return self.update(event, values)
 
     def delivered(self, event: DeliveryObligation.Delivered) -> RowChange:
         moment = to_micros(event.timestamp)

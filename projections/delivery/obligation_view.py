@@ -106,8 +106,8 @@ class ObligationProjection:
         """An event that changes nothing this view shows but the row's version and time."""
         return self.update(event, {})
 
-    @staticmethod
     def update(
+        self,
         event: DeliveryObligation.Event,
         values: dict[str, Value],
         relative: Mapping[str, Relative] = NO_RELATIVE,
