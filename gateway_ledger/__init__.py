@@ -28,7 +28,7 @@ _EXPORTS: dict[str, str] = {
     "Reply": "gateway_ledger.application.delivery.ports",
     "ReplyContext": "gateway_ledger.application.delivery.ports",
     # operating
-    "ViewFollower": "gateway_ledger.projections.follower",
+    "ViewFollower": "gateway_ledger.infrastructure.views.follower",
     # sessions
     "SessionStore": "gateway_ledger.bootstrap",
     "SessionSource": "gateway_ledger.domain.sessions.source",

@@ -80,6 +80,9 @@ from gateway_ledger.infrastructure.privacy.private_mapper import ENCRYPT_ENV, Pr
 from gateway_ledger.infrastructure.privacy.secrets import load_or_create_secret, secret_path
 from gateway_ledger.infrastructure.sessions.transcoding import build_session_transcoder
 from gateway_ledger.infrastructure.sessions.transcript_files import JsonlTranscriptFiles
+from gateway_ledger.infrastructure.views.delivery import SqlObligationIndex, SqlRecoverableView
+from gateway_ledger.projections.delivery.obligation_index import ObligationIndexView
+from gateway_ledger.projections.delivery.recoverable import RecoverableView
 
 __all__ = [
     "DeliveryLedger",
@@ -233,6 +236,12 @@ class DeliveryLedger(PrivateEvents, delivery_ledger.DeliveryLedger):
 
     def load_each(self, aggregate_ids: Sequence[UUID]) -> Loaded:
         return load_each(self, aggregate_ids)
+
+    def construct_recoverable_view(self) -> RecoverableView:
+        return SqlRecoverableView(self)
+
+    def construct_obligation_index(self) -> ObligationIndexView:
+        return SqlObligationIndex(self)
 
 
 def open_ledger(

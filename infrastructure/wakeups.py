@@ -15,7 +15,9 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
+
+from gateway_ledger.projections.follower import Wakeups
 
 log = logging.getLogger("gateway_ledger.projections")
 
@@ -23,16 +25,6 @@ SLICE = 0.25
 """Longest single wait, so that a stop request is seen within this many seconds."""
 BACKOFF = 0.1
 """Seconds before the first reconnection attempt; doubled up to the follower's interval."""
-
-
-class Wakeups(Protocol):
-    default_interval: float
-    """Seconds between catch-ups when nothing wakes the follower sooner."""
-
-    def wait(self, timeout: float, stop: threading.Event) -> bool:
-        """Block up to ``timeout`` seconds; True if news arrived, False otherwise."""
-
-    def close(self) -> None: ...
 
 
 class Polling:

@@ -8,10 +8,10 @@ host's sweep would otherwise replay what the others wrote.
 
 The follower adds no second way of applying events: it calls each view's own
 ``catch_up`` (one transaction per batch, with the tracking position; several processes
-may do it at once). It is woken by a NOTIFY on PostgreSQL and by the clock on SQLite
-(``infrastructure/wakeups.py``), and it catches up after every wait, woken or not. A
-failed catch-up is logged and counted, and the next one tries again from the view's
-own position: nothing is skipped.
+may do it at once). What wakes it is a port (:class:`Wakeups`: a NOTIFY on PostgreSQL,
+the clock on SQLite, in ``infrastructure/wakeups.py``), and it catches up after every
+wait, woken or not. A failed catch-up is logged and counted, and the next one tries again
+from the view's own position: nothing is skipped.
 """
 
 from __future__ import annotations
@@ -20,17 +20,26 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol, Self
 
 import attrs
-from eventsourcing.application import Application
 
 from gateway_ledger.domain.errors import InvalidInput
-from gateway_ledger.infrastructure.wakeups import Wakeups, wakeups_for
-from gateway_ledger.projections.delivery.catalog import PROJECTION_NAMES, projection
-from gateway_ledger.projections.runner import DEFAULT_BATCH_SIZE
+from gateway_ledger.projections.view import DEFAULT_BATCH_SIZE, MaterializedView
 
 log = logging.getLogger("gateway_ledger.projections")
+
+
+class Wakeups(Protocol):
+    """What tells a follower that the log may have grown."""
+
+    default_interval: float
+    """Seconds between catch-ups when nothing wakes the follower sooner."""
+
+    def wait(self, timeout: float, stop: threading.Event) -> bool:
+        """Block up to ``timeout`` seconds; True if news arrived, False otherwise."""
+
+    def close(self) -> None: ...
 
 
 @attrs.define
@@ -50,26 +59,25 @@ Applied = Callable[[dict[str, int], "FollowStats"], None]
 """Called after each catch-up that applied something: events per view, running stats."""
 
 
-class ViewFollower:
-    """Applies new events to the ledger's views as they land.
+class Follower:
+    """Applies new events to views as they land.
 
     ``run()`` follows in the calling thread until ``stop()``; ``start()`` runs it in a
-    daemon thread. ``interval`` defaults to 5 s on PostgreSQL (NOTIFY wakes it sooner)
-    and 0.5 s on SQLite.
+    daemon thread. ``interval`` defaults to the wake-ups' own (long where the store
+    announces commits, short where the follower must poll).
     """
 
     def __init__(
         self,
-        app: Application[Any],
-        names: Sequence[str] = PROJECTION_NAMES,
+        views: Sequence[MaterializedView],
+        wakeups: Wakeups,
         *,
         interval: float | None = None,
         batch_size: int = DEFAULT_BATCH_SIZE,
-        wakeups: Wakeups | None = None,
     ) -> None:
-        self.views = [projection(app, name) for name in names]
-        self.wakeups = wakeups or wakeups_for(app)
-        self.interval = self.wakeups.default_interval if interval is None else interval
+        self.views = list(views)
+        self.wakeups = wakeups
+        self.interval = wakeups.default_interval if interval is None else interval
         if self.interval <= 0:
             raise InvalidInput(f"interval must be positive, not {self.interval}")
         self.batch_size = batch_size
@@ -84,7 +92,7 @@ class ViewFollower:
         for view in self.views:
             try:
                 applied[view.name] = view.catch_up(batch_size=self.batch_size)
-                positions.append(view.runner.position())
+                positions.append(view.position())
             except Exception as e:
                 self.stats.errors += 1
                 log.warning("view follower: %s catch-up failed: %s", view.name, type(e).__name__)
@@ -116,7 +124,7 @@ class ViewFollower:
             self.wakeups.close()
         return self.stats
 
-    def start(self) -> ViewFollower:
+    def start(self) -> Self:
         if self._thread is None:
             self._thread = threading.Thread(
                 target=self.run, name="gateway-ledger-view-follower", daemon=True

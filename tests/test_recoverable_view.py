@@ -6,7 +6,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from recovery_support import dead_owner, truth_snapshot, view_snapshot
 
@@ -173,3 +173,65 @@ def test_the_views_are_caught_up_without_opening_a_single_data_key(
     assert opened
     reader.close()
     writer.close()
+
+
+late = st.tuples(st.just("late"), index, st.sampled_from(list(ErrorClass)), st.booleans())
+
+
+def report_late(
+    ledger: DeliveryLedger, ids: list[str], action: tuple[Any, ...], now: datetime
+) -> None:
+    """A fenced-out owner reports its own send: delivered, or failed as ``action[2]``."""
+    oid = ids[action[1]]
+    if not ledger.exists(oid):
+        return
+    agg = ledger._load(oid)
+    if agg.fence == 0:
+        return  # nobody was fenced out yet
+    stale = next(o for o in OWNERS if o != agg.owner)
+    if action[3]:
+        agg.confirm_delivery(by=stale, now=now, receipt=["late"], fence=agg.fence - 1)
+    else:
+        agg.fail(by=stale, now=now, error="late", classification=action[2], fence=agg.fence - 1)
+    ledger.save(agg)
+
+
+def test_the_index_holds_the_aggregates_marker_and_rebuilds_to_the_same(
+    store_location: str,
+) -> None:
+    """The index's marker columns are the aggregate's marker after any history (late
+    results included), and a rebuild of the index reproduces every row."""
+    ledger = DeliveryLedger.open(store_location)
+
+    @settings(
+        max_examples=25,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
+    @given(steps=st.lists(st.one_of(step, late), min_size=5, max_size=40))
+    @example(  # a claim before any send, then the first owner's late success: it arrived
+        steps=[("record", 0, 0), ("claim", 0, 1), ("late", 0, ErrorClass.AMBIGUOUS, True)]
+    )
+    def prop(steps: list[tuple[Any, ...]]) -> None:
+        prefix = uuid.uuid4().hex[:8]
+        ids = [f"{prefix}-{i}" for i in range(3)]
+        for n, action in enumerate(steps):
+            now = T0 + timedelta(seconds=n)
+            if action[0] == "late":
+                report_late(ledger, ids, action, now)
+            elif action[0] != "catch_up":
+                run_step(ledger, ids, action, now)
+            else:
+                ledger.obligation_index.catch_up(batch_size=action[1], max_batches=1)
+        index = ledger.obligation_index
+        index.catch_up()
+        rows = {row["obligation_id"]: dict(row) for row in index.select()}
+        for oid in ids:
+            if ledger.exists(oid):
+                agg = ledger._load(oid)
+                marker = (bool(rows[oid]["may_have_arrived"]), bool(rows[oid]["arrived_before"]))
+                assert marker == (agg.may_have_arrived, agg.arrived_before_this_send), oid
+        index.rebuild()
+        assert {row["obligation_id"]: dict(row) for row in index.select()} == rows
+
+    prop()

@@ -18,8 +18,8 @@ import psycopg
 
 from gateway_ledger.bootstrap import DeliveryLedger
 from gateway_ledger.infrastructure.eventstore.postgres import connect, parse_postgres_url
+from gateway_ledger.infrastructure.views.follower import ViewFollower
 from gateway_ledger.infrastructure.wakeups import PostgresNotifications
-from gateway_ledger.projections.follower import ViewFollower
 
 SCRIPT = str(Path(sys.executable).parent / "gateway-ledger")
 

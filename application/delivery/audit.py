@@ -38,7 +38,6 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
-from uuid import UUID
 
 import attrs
 import orjson
@@ -47,6 +46,7 @@ from eventsourcing.utils import get_topic
 from gateway_ledger.domain.delivery.marker import NOTHING_SENT, SendFact, marker_after
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation
 from gateway_ledger.domain.values import QuarantineReason, SendGuard
+from gateway_ledger.projections.delivery.obligation_index import ObligationIndexView
 
 if TYPE_CHECKING:
     from eventsourcing.application import Application
@@ -491,21 +491,12 @@ flagged)."""
 
 def undecodable_events(app: Application[Any]) -> dict[str, tuple[str, int, str]]:
     """The events the obligation index found undecodable (caught up first), by aggregate."""
-    index: Any = getattr(app, "obligation_index", None)
+    index: ObligationIndexView | None = getattr(app, "obligation_index", None)
     if index is None:
         return {}
     index.catch_up()
-    rows = index.select(
-        "quarantine_reason IS NOT NULL AND quarantine_reason <> ?",
-        (QuarantineReason.UNREADABLE.value,),
-    )
     return {
-        str(UUID(str(r["aggregate_id"]))): (
-            str(r["obligation_id"]),
-            int(r["quarantine_version"]),
-            str(r["quarantine_reason"]),
-        )
-        for r in rows
+        str(e.aggregate_id): (e.obligation_id, e.version, e.reason) for e in index.undecodable()
     }
 
 

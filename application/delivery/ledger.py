@@ -69,8 +69,8 @@ from gateway_ledger.domain.values import (
     OwnerIdentity,
     SendGuard,
 )
-from gateway_ledger.projections.delivery.obligation_index import IndexEntry, ObligationIndex
-from gateway_ledger.projections.delivery.recoverable import RecoverableObligations
+from gateway_ledger.projections.delivery.obligation_index import IndexEntry, ObligationIndexView
+from gateway_ledger.projections.delivery.recoverable import RecoverableView
 
 log = logging.getLogger("gateway_ledger.ledger")
 
@@ -109,8 +109,8 @@ class DeliveryLedger(Application[UUID], ABC):
         self.policy = policy or LedgerPolicy()
         self.clock = clock
         self.last_sweep: SweepResult | None = None
-        self._recoverable: RecoverableObligations | None = None
-        self._obligation_index: ObligationIndex | None = None
+        self._recoverable: RecoverableView | None = None
+        self._obligation_index: ObligationIndexView | None = None
 
     # -- ports (supplied by the store-backed subclass) ---------------------------------------
 
@@ -127,6 +127,14 @@ class DeliveryLedger(Application[UUID], ABC):
     @abstractmethod
     def load_each(self, aggregate_ids: Sequence[UUID]) -> Loaded:
         """The current state of each aggregate, read together, each failing on its own."""
+
+    @abstractmethod
+    def construct_recoverable_view(self) -> RecoverableView:
+        """The index of unresolved obligations the sweep reads (built once, lazily)."""
+
+    @abstractmethod
+    def construct_obligation_index(self) -> ObligationIndexView:
+        """One row per obligation, for status, list and metrics (built once, lazily)."""
 
     @abstractmethod
     def start(self) -> DeliveryLedger:
@@ -304,10 +312,10 @@ class DeliveryLedger(Application[UUID], ABC):
     # -- recovery (application/delivery/recovery.py, ADR 0007) --------------------------------
 
     @property
-    def recoverable(self) -> RecoverableObligations:
+    def recoverable(self) -> RecoverableView:
         """The index of unresolved obligations; resumes from its tracked position."""
         if self._recoverable is None:
-            self._recoverable = RecoverableObligations(self)
+            self._recoverable = self.construct_recoverable_view()
         return self._recoverable
 
     def sweep_recoverable(
@@ -367,10 +375,10 @@ class DeliveryLedger(Application[UUID], ABC):
     # -- operators (application/delivery/operations.py and audit.py, ADR 0011) ---------------
 
     @property
-    def obligation_index(self) -> ObligationIndex:
+    def obligation_index(self) -> ObligationIndexView:
         """One row per obligation, for status, list and metrics; resumes from its position."""
         if self._obligation_index is None:
-            self._obligation_index = ObligationIndex(self)
+            self._obligation_index = self.construct_obligation_index()
         return self._obligation_index
 
     def stats(self, now: datetime | None = None) -> LedgerStats:

@@ -19,8 +19,8 @@ from gateway_ledger.application.clock import Clock
 from gateway_ledger.application.privacy.ports import SealingMapper
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation
 from gateway_ledger.domain.values import LedgerPolicy, OwnerIdentity, QuarantineReason
-from gateway_ledger.projections.delivery.obligation_index import ObligationIndex
-from gateway_ledger.projections.delivery.recoverable import RecoverableObligations
+from gateway_ledger.projections.delivery.obligation_index import ObligationIndexView
+from gateway_ledger.projections.delivery.recoverable import RecoverableView
 
 T = TypeVar("T")
 
@@ -114,10 +114,10 @@ class LedgerPort(Protocol):
     def liveness(self) -> LivenessPolicy: ...
 
     @property
-    def recoverable(self) -> RecoverableObligations: ...
+    def recoverable(self) -> RecoverableView: ...
 
     @property
-    def obligation_index(self) -> ObligationIndex: ...
+    def obligation_index(self) -> ObligationIndexView: ...
 
     @property
     def events(self) -> Any: ...

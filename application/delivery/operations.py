@@ -10,10 +10,9 @@ from __future__ import annotations
 import logging
 import math
 from datetime import datetime
-from typing import Any, cast
+from typing import Any
 
 import attrs
-from eventsourcing.application import Application
 
 from gateway_ledger.application.delivery.ledger_ports import LedgerPort
 from gateway_ledger.application.delivery.views import HistoryEntry, ObligationStatus
@@ -21,7 +20,6 @@ from gateway_ledger.domain.delivery.obligation import DeliveryObligation
 from gateway_ledger.domain.errors import InvalidInput, NotFound
 from gateway_ledger.domain.values import (
     QUARANTINED,
-    UNRESOLVED_STATES,
     AbandonReason,
     ObligationState,
     require_aware,
@@ -33,8 +31,12 @@ from gateway_ledger.projections.delivery.catalog import (
     ProjectionStatus,
     projection_status,
 )
-from gateway_ledger.projections.delivery.obligation_index import IndexEntry
-from gateway_ledger.projections.delivery.recoverable import to_micros
+from gateway_ledger.projections.delivery.obligation_index import (
+    UNRESOLVED,
+    IndexEntry,
+    IndexQuery,
+)
+from gateway_ledger.projections.delivery.obligation_view import to_micros
 
 log = logging.getLogger("gateway_ledger.operations")
 
@@ -42,7 +44,6 @@ STATES: tuple[str, ...] = (*(s.value for s in ObligationState), QUARANTINED)
 """The index's states: the aggregate's, and ``quarantined`` (ADR 0027)."""
 MAX_QUARANTINED_IDS = 1000
 """``stats().quarantined_ids`` lists at most this many (oldest first); the count is exact."""
-_UNRESOLVED = tuple(sorted(s.value for s in UNRESOLVED_STATES))
 
 
 @attrs.frozen
@@ -95,55 +96,27 @@ def _percentile(ordered: list[float], fraction: float) -> float | None:
 
 def compute_stats(ledger: LedgerPort, now: datetime | None = None) -> LedgerStats:
     moment = require_aware("now", now if now is not None else ledger.clock())
-    app = cast("Application[Any]", ledger)  # every ledger is an event-sourced application
     index = ledger.obligation_index
     index.catch_up()
-    table = index.table
+    tally = index.tally(max_quarantined_ids=MAX_QUARANTINED_IDS)
     by_state = dict.fromkeys(STATES, 0)
     by_platform: dict[str, dict[str, int]] = {}
+    claims = claimed = retries = 0
+    for group in tally.groups:
+        by_state[group.state] = by_state.get(group.state, 0) + group.obligations
+        per = by_platform.setdefault(group.platform, dict.fromkeys(STATES, 0))
+        per[group.state] = per.get(group.state, 0) + group.obligations
+        claims += group.claims
+        claimed += group.claimed
+        retries += group.retries
     reasons = {r.value: 0 for r in AbandonReason}
-    with index.dialect.read_cursor() as c:
-        c.execute(
-            f"SELECT platform, state, COUNT(*) AS n, SUM(claims) AS claims, "
-            f"SUM(CASE WHEN claims > 0 THEN 1 ELSE 0 END) AS claimed, "
-            f"SUM(retries) AS retries FROM {table} GROUP BY platform, state"
-        )
-        claims = claimed = retries = 0
-        for row in c.fetchall():
-            n = int(row["n"])
-            by_state[row["state"]] = by_state.get(row["state"], 0) + n
-            per = by_platform.setdefault(row["platform"], dict.fromkeys(STATES, 0))
-            per[row["state"]] = per.get(row["state"], 0) + n
-            claims += int(row["claims"] or 0)
-            claimed += int(row["claimed"] or 0)
-            retries += int(row["retries"] or 0)
-        c.execute(
-            f"SELECT abandon_reason, COUNT(*) AS n FROM {table} "
-            "WHERE state = 'abandoned' GROUP BY abandon_reason"
-        )
-        for row in c.fetchall():
-            reasons[str(row["abandon_reason"])] = int(row["n"])
-        marks = ", ".join(f"'{s}'" for s in _UNRESOLVED)
-        c.execute(
-            f"SELECT obligation_id, recorded_at FROM {table} WHERE state IN ({marks}) "
-            "ORDER BY recorded_at, obligation_id LIMIT 1"
-        )
-        oldest = c.fetchone()
-        c.execute(
-            f"SELECT delivered_at - recorded_at AS d FROM {table} "
-            "WHERE delivered_at IS NOT NULL ORDER BY d"
-        )
-        durations = [int(r["d"]) / 1e6 for r in c.fetchall()]
-        quarantined_ids: tuple[str, ...] = ()
-        if by_state[QUARANTINED]:  # a scrape of a healthy store reads no ids
-            c.execute(
-                f"SELECT obligation_id FROM {table} WHERE state = '{QUARANTINED}' "
-                f"ORDER BY recorded_at, obligation_id LIMIT {MAX_QUARANTINED_IDS}"
-            )
-            quarantined_ids = tuple(str(r["obligation_id"]) for r in c.fetchall())
+    reasons.update(tally.abandoned_by_reason)
+    oldest = tally.oldest_unresolved
+    durations = list(tally.delivery_seconds)
+    quarantined_ids = tally.quarantined_ids
     age = None
     if oldest is not None:
-        age = round(max(0, to_micros(moment) - int(oldest["recorded_at"])) / 1e6, 3)
+        age = round(max(0, to_micros(moment) - to_micros(oldest[1])) / 1e6, 3)
     times = DeliveryTimes(
         count=len(durations),
         p50=_percentile(durations, 0.50),
@@ -151,14 +124,14 @@ def compute_stats(ledger: LedgerPort, now: datetime | None = None) -> LedgerStat
         max=durations[-1] if durations else None,
         total=round(sum(durations), 6),
     )
-    unresolved = sum(by_state[s] for s in _UNRESOLVED)
+    unresolved = sum(by_state[s] for s in UNRESOLVED)
     return LedgerStats(
         generated_at=moment,
         total=sum(by_state.values()),
         by_state=by_state,
         by_platform=dict(sorted(by_platform.items())),
         unresolved=unresolved,
-        oldest_unresolved_id=None if oldest is None else str(oldest["obligation_id"]),
+        oldest_unresolved_id=None if oldest is None else oldest[0],
         oldest_unresolved_age_seconds=age,
         abandoned_by_reason=reasons,
         delivery_seconds=times,
@@ -168,7 +141,7 @@ def compute_stats(ledger: LedgerPort, now: datetime | None = None) -> LedgerStat
         quarantined=by_state[QUARANTINED],
         quarantined_ids=quarantined_ids,
         log_position=ledger.recorder.max_notification_id() or 0,
-        projections=tuple(projection_status(app, name) for name in PROJECTION_NAMES),
+        projections=tuple(projection_status(ledger, name) for name in PROJECTION_NAMES),
     )
 
 
@@ -182,32 +155,24 @@ def list_obligations(
     limit: int | None = None,
 ) -> tuple[IndexEntry, ...]:
     """Obligations from the index, oldest first; ``session`` is a session key (hashed here)."""
-    where: list[str] = []
-    params: list[Any] = []
-    if state is not None:
-        if state not in STATES:
-            raise InvalidInput(f"unknown state {state!r} (one of {', '.join(STATES)})")
-        where.append("state = ?")
-        params.append(state)
+    if state is not None and state not in STATES:
+        raise InvalidInput(f"unknown state {state!r} (one of {', '.join(STATES)})")
     if platform is not None:
-        where.append("platform = ?")
-        params.append(require_clear_text("platform", platform))
+        platform = require_clear_text("platform", platform)
     if since is not None:
-        where.append("recorded_at >= ?")
-        params.append(to_micros(require_aware("since", since)))
+        since = require_aware("since", since)
+    subject_id = None
     if session is not None:
         require_text("session", session)
-        where.append("subject_id = ?")
-        params.append(ledger.private_mapper.keyring.subject_id(session))
-    suffix = " ORDER BY recorded_at, obligation_id"
-    if limit is not None:
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-            raise InvalidInput("limit must be a non-negative int")
-        suffix += f" LIMIT {int(limit)}"
+        subject_id = ledger.private_mapper.keyring.subject_id(session)
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise InvalidInput("limit must be a non-negative int")
     index = ledger.obligation_index
     index.catch_up()
-    rows = index.select(" AND ".join(where), tuple(params), suffix)
-    return tuple(IndexEntry.from_row(r) for r in rows)
+    query = IndexQuery(
+        state=state, platform=platform, recorded_since=since, subject_id=subject_id, limit=limit
+    )
+    return tuple(index.entries(query))
 
 
 @attrs.frozen

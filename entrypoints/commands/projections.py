@@ -18,12 +18,13 @@ from gateway_ledger.entrypoints.console import (
     progress_bar,
     table,
 )
+from gateway_ledger.infrastructure.views.follower import ViewFollower
 from gateway_ledger.projections.delivery.catalog import (
     PROJECTION_NAMES,
     projection_status,
     rebuild_and_verify,
 )
-from gateway_ledger.projections.follower import FollowStats, ViewFollower
+from gateway_ledger.projections.follower import FollowStats
 
 
 def register(subparsers: Subcommands) -> None:

@@ -1,65 +1,56 @@
 """ObligationIndex: one row per obligation, for operators' status, list and metrics.
 
 Unlike the recoverable view, resolved obligations stay (with when they were delivered
-or why they were abandoned), so ``status`` and ``list`` read this table and never replay
+or why they were abandoned), so ``status`` and ``list`` read this index and never replay
 history. A row holds no personal data: the session appears only as its keyed subject id
 (the same name the privacy keyring uses), never as the session key or chat id.
 
-The marker columns follow the aggregate's own rule (ADR 0006): ``may_have_arrived`` is
-raised by every send and lowered only by a failure the platform says did not arrive.
+The marker columns hold what the aggregate holds (ADR 0006): each event's recorded
+decision, or for an event written before events recorded it, what the one rule
+(``domain/delivery/marker.py``) derives from the marker before it; the index never
+restates the rule.
 """
 
 from __future__ import annotations
 
+import itertools
+from abc import abstractmethod
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
+from uuid import UUID
 
 import attrs
-from eventsourcing.application import Application
 
+from gateway_ledger.domain.delivery.marker import NOTHING_SENT, Marker, SendFact, marker_after
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation
 from gateway_ledger.domain.values import (
-    QUARANTINED,
-    ErrorClass,
+    UNRESOLVED_STATES,
     ObligationState,
-    QuarantineReason,
+    OwnerIdentity,
 )
-from gateway_ledger.infrastructure.eventstore.sql_dialect import Cursor, SqlDialect
-from gateway_ledger.infrastructure.privacy.private_mapper import ERASED, Undecodable
 from gateway_ledger.projections.delivery.obligation_view import (
-    QUARANTINE_COLUMNS,
-    STILL_READ,
-    ObligationView,
+    ObligationProjection,
+    from_micros,
+    to_micros,
 )
-from gateway_ledger.projections.delivery.recoverable import from_micros, to_micros
+from gateway_ledger.projections.rows import (
+    NO_RELATIVE,
+    Add,
+    Case,
+    Insert,
+    Previous,
+    Relative,
+    RowChange,
+    Update,
+    Value,
+)
+from gateway_ledger.projections.view import MaterializedView
 
 INDEX_NAME = "obligation_index"
 
-COLUMNS = (
-    "aggregate_id",
-    "obligation_id",
-    "state",
-    "platform",
-    "subject_id",
-    "owner_host",
-    "owner_pid",
-    "recorded_at",
-    "last_transition_at",
-    "delivered_at",
-    "send_attempts",
-    "claims",
-    "recovery_attempts",
-    "retries",
-    "fence",
-    "may_have_arrived",
-    "arrived_before",
-    "error_class",
-    "abandon_reason",
-    "version",
-    "quarantine_reason",
-    "quarantine_version",
-)
+UNRESOLVED: tuple[str, ...] = tuple(sorted(s.value for s in UNRESOLVED_STATES))
+"""The states of an obligation still owed (quarantined ones are counted apart)."""
 
 
 @attrs.frozen
@@ -123,211 +114,268 @@ class IndexEntry:
         return data
 
 
-_SIMPLE_STATE = {
-    "Delivered": ObligationState.DELIVERED,
-    "Abandoned": ObligationState.ABANDONED,
-}
+class SubjectNames(Protocol):
+    """Names the session of a recorded reply by its keyed subject id, never in clear."""
+
+    def subject_of(self, event: DeliveryObligation.Recorded) -> str:
+        """The subject id ('' when the store keys no subjects)."""
 
 
-class ObligationIndex(ObligationView):
+def owner_values(owner: OwnerIdentity) -> dict[str, Value]:
+    """The owner columns operators read: where it runs, not the whole identity."""
+    return {"owner_host": owner.host, "owner_pid": owner.pid}
+
+
+_ONE_MORE_SEND: Mapping[str, Relative] = {"send_attempts": Add(1)}
+_ONE_MORE_CLAIM: Mapping[str, Relative] = {"claims": Add(1)}
+_ONE_MORE_RETRY: Mapping[str, Relative] = {"retries": Add(1)}
+
+MARKER_COLUMNS = ("may_have_arrived", "arrived_before")
+"""The index's copy of the aggregate's duplicate marker (``domain/delivery/marker.py``),
+as 0 or 1 each, in the order of :class:`~gateway_ledger.domain.delivery.marker.Marker`."""
+
+_MARKERS = tuple(itertools.product((0, 1), repeat=len(MARKER_COLUMNS)))
+
+
+@attrs.frozen
+class MarkerChange:
+    """What one kind of event does to the marker columns: new values, and values that
+    depend on the marker the row held before (written without reading the row)."""
+
+    values: Mapping[str, int]
+    relative: Mapping[str, Relative]
+
+
+NO_MARKER_CHANGE = MarkerChange({}, NO_RELATIVE)
+
+
+def marker_change(fact: SendFact, recorded: bool | None) -> MarkerChange:
+    """The marker columns after an event stating ``fact`` with the decision ``recorded``
+    (None: an event written before events carried it), for each marker the row may hold
+    before it, by the one rule: :func:`~gateway_ledger.domain.delivery.marker.marker_after`.
+
+    A column the rule sets alike for every earlier marker gets that value; one it copies
+    from the earlier marker gets that column's old value; anything else a ``CASE``.
+    """
+    after = {m: marker_after(Marker(*map(bool, m)), fact, recorded) for m in _MARKERS}
+    values: dict[str, int] = {}
+    relative: dict[str, Relative] = {}
+    for i, column in enumerate(MARKER_COLUMNS):
+        results = {m: int(after[m][i]) for m in _MARKERS}
+        copied = [
+            j for j in range(len(MARKER_COLUMNS)) if all(results[m] == m[j] for m in _MARKERS)
+        ]
+        if len(set(results.values())) == 1:
+            values[column] = results[_MARKERS[0]]
+        elif i in copied:
+            continue  # the column keeps its value
+        elif copied:
+            relative[column] = Previous(MARKER_COLUMNS[copied[0]])
+        else:
+            relative[column] = Case(MARKER_COLUMNS, tuple(results.items()))
+    return MarkerChange(values, relative)
+
+
+class IndexProjection(ObligationProjection):
     """One row per obligation, for status, listing and metrics without replaying history."""
 
-    reads_personal_data = False
-    """A session is indexed by its keyed subject id, which a sealed event names in clear:
-    the runner decodes its events without decrypting them (ADR 0021)."""
+    placeholders = {
+        "platform": "",
+        "subject_id": "",
+        "owner_host": "",
+        "owner_pid": 0,
+        "recorded_at": 0,
+        "last_transition_at": 0,
+        "send_attempts": 0,
+        "claims": 0,
+        "recovery_attempts": 0,
+        "retries": 0,
+        "fence": 0,
+        **dict(zip(MARKER_COLUMNS, map(int, NOTHING_SENT), strict=True)),
+    }
 
-    def __init__(self, app: Application[Any], name: str = INDEX_NAME) -> None:
-        super().__init__(app, name)
+    def __init__(self, subjects: SubjectNames, name: str = INDEX_NAME) -> None:
+        super().__init__(name)
+        self.subjects = subjects
+        self._markers: dict[tuple[SendFact, bool | None], MarkerChange] = {}
 
-    # -- the Projection protocol ------------------------------------------------------------
+    def marker(self, event: DeliveryObligation.Event) -> MarkerChange:
+        """What ``event`` does to the marker columns: the decision it records (or, for an
+        event written before it recorded one, the rule's derivation; ADR 0006)."""
+        cls = type(event)
+        fields = vars(event)
+        fact = cls.send_fact(fields)
+        if fact is None:
+            return NO_MARKER_CHANGE
+        key = (fact, fields.get(cls.marker_decision))
+        found = self._markers.get(key)
+        if found is None:
+            found = self._markers[key] = marker_change(*key)
+        return found
 
-    def create_tables(self, cursor: Cursor, dialect: SqlDialect) -> None:
-        cursor.execute(
-            f"CREATE TABLE IF NOT EXISTS {self.table} ("
-            "aggregate_id TEXT PRIMARY KEY, "
-            "obligation_id TEXT NOT NULL, "
-            "state TEXT NOT NULL, "
-            "platform TEXT NOT NULL, "
-            "subject_id TEXT NOT NULL, "
-            "owner_host TEXT NOT NULL, "
-            "owner_pid BIGINT NOT NULL, "
-            "recorded_at BIGINT NOT NULL, "
-            "last_transition_at BIGINT NOT NULL, "
-            "delivered_at BIGINT, "
-            "send_attempts INTEGER NOT NULL, "
-            "claims INTEGER NOT NULL, "
-            "recovery_attempts INTEGER NOT NULL, "
-            "retries INTEGER NOT NULL, "
-            "fence INTEGER NOT NULL, "
-            "may_have_arrived INTEGER NOT NULL, "
-            "arrived_before INTEGER NOT NULL, "
-            "error_class TEXT, "
-            "abandon_reason TEXT, "
-            "version BIGINT NOT NULL, "
-            "quarantine_reason TEXT, "
-            "quarantine_version BIGINT)"
-        )
-        dialect.add_missing_columns(cursor, self.name, QUARANTINE_COLUMNS)
-        for suffix, columns in (
-            ("by_state", "state, recorded_at"),
-            ("by_subject", "subject_id, recorded_at"),
-            ("by_recorded_at", "recorded_at"),
-        ):
-            cursor.execute(
-                f"CREATE INDEX IF NOT EXISTS {self.name}_{suffix} ON {self.table} ({columns})"
-            )
+    def update(
+        self,
+        event: DeliveryObligation.Event,
+        values: dict[str, Value],
+        relative: Mapping[str, Relative] = NO_RELATIVE,
+        *,
+        moment: int | None = None,
+    ) -> Update:
+        """Every change of a row also takes what its event does to the marker."""
+        marker = self.marker(event)
+        if marker.values:
+            values.update(marker.values)
+        if marker.relative:
+            relative = {**relative, **marker.relative}
+        return super().update(event, values, relative, moment=moment)
 
-    def apply(self, cursor: Cursor, dialect: SqlDialect, fact: object) -> None:
-        if not isinstance(fact, DeliveryObligation.Event):
-            return
-        event: Any = fact
-        kind = type(event).__name__
-        key = event.originator_id.hex
+    def recorded(self, event: DeliveryObligation.Recorded) -> RowChange:
         moment = to_micros(event.timestamp)
-        version = event.originator_version
-        sql = dialect.sql
-        if kind == "Recorded":
-            values = (
-                key,
-                event.obligation_id,
-                ObligationState.PENDING.value,
-                event.target.platform,
-                self._subject(event),
-                event.owner.host,
-                event.owner.pid,
-                moment,
-                moment,
-                None,
-                0,
-                0,
-                0,
-                0,
-                0,
-                0,
-                0,
-                None,
-                None,
-                version,
-                None,
-                None,
-            )
-            marks = ", ".join("?" * len(COLUMNS))
-            cursor.execute(
-                sql(
-                    f"INSERT INTO {self.table} ({', '.join(COLUMNS)}) VALUES ({marks}) "
-                    "ON CONFLICT (aggregate_id) DO NOTHING"
-                ),
-                values,
-            )
-            return
-        # Each change: (SET clause, its parameters); the row's version always moves.
-        sets: str
-        params: tuple[Any, ...]
-        if kind == "Attempting":
-            sets = (
-                "state = ?, owner_host = ?, owner_pid = ?, send_attempts = send_attempts + 1, "
-                "arrived_before = may_have_arrived, may_have_arrived = 1"
-            )
-            params = (ObligationState.ATTEMPTING.value, event.by.host, event.by.pid)
-        elif kind == "Claimed":
-            sets = (
-                "state = ?, owner_host = ?, owner_pid = ?, claims = claims + 1, "
-                "recovery_attempts = ?, fence = ?, arrived_before = ?, may_have_arrived = 1"
-            )
-            params = (
-                ObligationState.CLAIMED.value,
-                event.by.host,
-                event.by.pid,
-                event.recovery_attempt,
-                event.fence,
-                int(bool(event.needs_marker)),
-            )
-        elif kind == "Failed":
-            lowered = ErrorClass(event.classification).may_have_arrived is False
-            sets = "state = ?, error_class = ?" + (
-                ", may_have_arrived = arrived_before" if lowered else ""
-            )
-            params = (ObligationState.FAILED.value, event.classification)
-        elif kind == "Delivered":
-            sets = "state = ?, delivered_at = ?"
-            params = (ObligationState.DELIVERED.value, moment)
-        elif kind == "Abandoned":
-            sets = "state = ?, abandon_reason = ?"
-            params = (ObligationState.ABANDONED.value, event.reason)
-        elif kind == "RetryRequested":
-            sets = (
-                "state = ?, owner_host = ?, owner_pid = ?, retries = retries + 1, "
-                "recovery_attempts = 0, fence = ?"
-            )
-            params = (ObligationState.PENDING.value, event.by.host, event.by.pid, event.fence)
-        elif kind == "Quarantined":
-            sets = (
-                "state = ?, owner_host = ?, owner_pid = ?, fence = ?, "
-                "quarantine_reason = ?, quarantine_version = ?"
-            )
-            params = (
-                QUARANTINED,
-                event.by.host,
-                event.by.pid,
-                event.fence,
-                QuarantineReason(event.reason).value,
-                int(event.found_at),
-            )
-        else:
-            sets, params = "state = state", ()  # PartDelivered, or a type added later
-        cursor.execute(
-            sql(
-                f"UPDATE {self.table} SET {sets}, last_transition_at = ?, version = ? "
-                f"WHERE aggregate_id = ? AND {STILL_READ}"
-            ),
-            (*params, moment, version, key),
+        return Insert(
+            event.originator_id.hex,
+            {
+                "obligation_id": event.obligation_id,
+                "state": ObligationState.PENDING.value,
+                "platform": event.target.platform,
+                "subject_id": self.subjects.subject_of(event),
+                "owner_host": event.owner.host,
+                "owner_pid": event.owner.pid,
+                "recorded_at": moment,
+                "last_transition_at": moment,
+                "delivered_at": None,
+                "send_attempts": 0,
+                "claims": 0,
+                "recovery_attempts": 0,
+                "retries": 0,
+                "fence": 0,
+                **dict(zip(MARKER_COLUMNS, map(int, NOTHING_SENT), strict=True)),
+                "error_class": None,
+                "abandon_reason": None,
+                "version": event.originator_version,
+                "quarantine_reason": None,
+                "quarantine_version": None,
+            },
         )
 
-    def quarantine_row(self, bad: Undecodable) -> dict[str, Any]:
-        return {
-            "obligation_id": bad.obligation_id or bad.originator_id.hex,
-            "platform": "",
-            "subject_id": "",
-            "owner_host": "",
-            "owner_pid": 0,
-            "recorded_at": 0,
-            "last_transition_at": 0,
-            "send_attempts": 0,
-            "claims": 0,
-            "recovery_attempts": 0,
-            "retries": 0,
-            "fence": 0,
-            "may_have_arrived": 0,
-            "arrived_before": 0,
+    def attempting(self, event: DeliveryObligation.Attempting) -> RowChange:
+        values = owner_values(event.by)
+        values["state"] = ObligationState.ATTEMPTING.value
+        return self.update(event, values, _ONE_MORE_SEND)
+
+    def claimed(self, event: DeliveryObligation.Claimed) -> RowChange:
+        values = owner_values(event.by)
+        values["state"] = ObligationState.CLAIMED.value
+        values["recovery_attempts"] = event.recovery_attempt
+        values["fence"] = event.fence
+        return self.update(event, values, _ONE_MORE_CLAIM)
+
+    def failed(self, event: DeliveryObligation.Failed) -> RowChange:
+        values: dict[str, Value] = {
+            "state": ObligationState.FAILED.value,
+            "error_class": event.classification,
         }
+        return self.update(event, values)
 
-    def prepare(self) -> None:
-        """Set the keyring up before the view's transaction: naming a subject from a clear
-        session key needs it, and its first set-up writes through another connection,
-        which would wait on this transaction's lock on SQLite."""
-        keyring = getattr(self.app.mapper, "keyring", None)
-        if keyring is not None:
-            keyring.table  # noqa: B018 (the property sets the keyring up)
+    def delivered(self, event: DeliveryObligation.Delivered) -> RowChange:
+        moment = to_micros(event.timestamp)
+        values: dict[str, Value] = {
+            "state": ObligationState.DELIVERED.value,
+            "delivered_at": moment,
+        }
+        return self.update(event, values, moment=moment)
 
-    def _subject(self, event: Any) -> str:
-        """The keyed subject id of the session: named by the sealed envelope (the session
-        key itself stays sealed), or keyed from the session key of an event in clear."""
-        mapper: Any = self.app.mapper
-        keyring = getattr(mapper, "keyring", None)
-        if keyring is None:
-            return ""
-        if event.session_key == ERASED:
-            return str(mapper.subject_of(event.originator_id) or "")
-        return str(keyring.subject_id(event.session_key))
+    def abandoned(self, event: DeliveryObligation.Abandoned) -> RowChange:
+        return self.update(
+            event, {"state": ObligationState.ABANDONED.value, "abandon_reason": event.reason}
+        )
 
-    # -- use --------------------------------------------------------------------------------
+    def retry_requested(self, event: DeliveryObligation.RetryRequested) -> RowChange:
+        values = owner_values(event.by)
+        values["state"] = ObligationState.PENDING.value
+        values["recovery_attempts"] = 0
+        values["fence"] = event.fence
+        return self.update(event, values, _ONE_MORE_RETRY)
 
-    def select(self, where: str = "", params: tuple[Any, ...] = (), suffix: str = "") -> list[Any]:
-        """Rows of the index (``where`` written with ``?`` placeholders)."""
-        self.runner.ensure_tables()
-        text = f"SELECT {', '.join(COLUMNS)} FROM {self.table}"
-        if where:
-            text += f" WHERE {where}"
-        with self.dialect.read_cursor() as c:
-            c.execute(self.dialect.sql(text + suffix), params)
-            return list(c.fetchall())
+    def quarantined_fact(self, event: DeliveryObligation.Quarantined) -> RowChange:
+        values = {**self.quarantined(event), **owner_values(event.by), "fence": event.fence}
+        return self.update(event, values)
+
+    handlers = {
+        DeliveryObligation.Recorded: recorded,
+        DeliveryObligation.Attempting: attempting,
+        DeliveryObligation.Claimed: claimed,
+        DeliveryObligation.Failed: failed,
+        DeliveryObligation.Delivered: delivered,
+        DeliveryObligation.Abandoned: abandoned,
+        DeliveryObligation.RetryRequested: retry_requested,
+        DeliveryObligation.Quarantined: quarantined_fact,
+    }
+
+
+# -- the questions operators ask of the index ------------------------------------------------
+
+
+@attrs.frozen
+class IndexQuery:
+    """Which obligations to list (every condition given must hold), oldest first."""
+
+    state: str | None = None
+    platform: str | None = None
+    recorded_since: datetime | None = None
+    subject_id: str | None = None
+    limit: int | None = None
+
+
+@attrs.frozen
+class GroupCount:
+    """The obligations of one platform in one state, with their recovery figures."""
+
+    platform: str
+    state: str
+    obligations: int
+    claims: int
+    """Recovery claims over all of them."""
+    claimed: int
+    """Those claimed at least once."""
+    retries: int
+
+
+@attrs.frozen
+class IndexTally:
+    """The index counted for operators' figures: a few aggregate reads, no history."""
+
+    groups: tuple[GroupCount, ...]
+    abandoned_by_reason: Mapping[str, int]
+    oldest_unresolved: tuple[str, datetime] | None
+    """The obligation id and record time of the oldest obligation still owed."""
+    delivery_seconds: tuple[float, ...]
+    """Record to delivery, of every delivered obligation, ascending."""
+    quarantined_ids: tuple[str, ...]
+    """The oldest quarantined obligations' ids (at most the number asked for)."""
+
+
+@attrs.frozen
+class UndecodableEntry:
+    """An obligation the index quarantined because one of its events did not decode."""
+
+    aggregate_id: UUID
+    obligation_id: str
+    version: int
+    reason: str
+
+
+class ObligationIndexView(MaterializedView):
+    """The obligation index, as operators' commands and the audit read it (the port)."""
+
+    @abstractmethod
+    def entries(self, query: IndexQuery) -> list[IndexEntry]:
+        """The obligations ``query`` selects, oldest first (ties: by obligation id)."""
+
+    @abstractmethod
+    def tally(self, *, max_quarantined_ids: int) -> IndexTally:
+        """The figures of ``status`` and ``metrics``."""
+
+    @abstractmethod
+    def undecodable(self) -> list[UndecodableEntry]:
+        """Obligations quarantined for an event that did not decode (not for sealed
+        fields that fail authentication: those events still read)."""

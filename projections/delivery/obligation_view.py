@@ -1,95 +1,147 @@
-"""What every view of the obligations' events shares: its runner, its table, its upkeep."""
+"""What every view of the obligations' events shares: dispatch, times, the quarantine rule.
+
+Both views keep one row per obligation, keyed by the aggregate id, and both show an
+obligation the ledger cannot read in the same way (ADR 0027). That rule lives here, once:
+
+- a row records why and from which event version its obligation is quarantined
+  (:data:`QUARANTINE_COLUMNS`; both NULL: it is not);
+- an event this version cannot decode quarantines the row for good: whatever came after
+  it is unknown, so later events no longer change the row. A ``Quarantined`` fact (sealed
+  fields that fail authentication, :data:`STILL_READ_REASON`) is different: its events
+  still read, so the obligation may still be abandoned;
+- a row first seen through a bad event is made from the view's placeholders.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any, ClassVar
 
-from eventsourcing.application import Application
 from eventsourcing.utils import get_topic
 
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation
 from gateway_ledger.domain.values import QUARANTINED, QuarantineReason
-from gateway_ledger.infrastructure.eventstore.sql_dialect import Cursor, SqlDialect
-from gateway_ledger.infrastructure.privacy.private_mapper import Undecodable
-from gateway_ledger.projections.runner import DEFAULT_BATCH_SIZE, ProjectionRunner
+from gateway_ledger.projections.rows import (
+    NO_RELATIVE,
+    Relative,
+    RowChange,
+    Update,
+    Upsert,
+    Value,
+)
+from gateway_ledger.projections.view import Unreadable
 
-QUARANTINE_COLUMNS = {"quarantine_reason": "TEXT", "quarantine_version": "BIGINT"}
+QUARANTINE_COLUMNS = ("quarantine_reason", "quarantine_version")
 """Why and at which event version an obligation is quarantined (NULL: it is not)."""
 
-STILL_READ = f"(quarantine_reason IS NULL OR quarantine_reason = '{QuarantineReason.UNREADABLE}')"
-"""A row later events still change: one with an event this version cannot decode keeps
-its quarantine whatever comes after (a transition in between is unknown); one quarantined
-by a ``Quarantined`` fact (unreadable fields) may still be abandoned (ADR 0027)."""
+STILL_READ_REASON = QuarantineReason.UNREADABLE
+"""The one quarantine under which later events still change a row: a row quarantined for
+any other reason (an event that did not decode) keeps its quarantine whatever comes after
+(a transition in between is unknown)."""
+
+KEY = "aggregate_id"
+"""The column every obligation view is keyed by: the aggregate id, as 32 hex digits."""
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
 
 
-class ObligationView:
-    """A projection of DeliveryObligation events and its runner, as one object.
+def to_micros(moment: datetime) -> int:
+    """An aware datetime as integer microseconds since the epoch: exact and sortable."""
+    return (moment - _EPOCH) // _MICROSECOND
 
-    Subclasses add ``create_tables`` and ``apply``. ``name`` is the view's table (and
-    tracking) name; another name builds a shadow copy, which is how ``projections
-    rebuild`` proves a from-scratch rebuild equals the incremental view.
+
+def from_micros(value: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=int(value))
+
+
+Handler = Callable[[Any, Any], RowChange]
+"""A projection's method for one event class (the table maps classes to methods)."""
+
+
+class ObligationProjection:
+    """A projection of ``DeliveryObligation`` events, one row per obligation.
+
+    Subclasses map each event class they read to a method (``handlers``); any other event
+    of an obligation (a type added later, or one this view has nothing to show of) moves
+    only the row's version and time, so a row never claims to be newer than it is.
     """
 
     topic_prefix = get_topic(DeliveryObligation) + "."  # the store may hold other apps' events
+    reads_personal_data = False
+    """The obligation views read states, owners and times, never a personal field: their
+    events are decoded without decrypting them (ADR 0021)."""
 
-    def __init__(self, app: Application[Any], name: str) -> None:
+    handlers: ClassVar[Mapping[type, Handler]] = {}
+    placeholders: ClassVar[Mapping[str, Value]] = {}
+    """The columns of a row first seen through a bad event (besides its id, state, version
+    and quarantine): what its events would have said is unknown."""
+
+    def __init__(self, name: str) -> None:
         self.name = name
-        self.app = app
-        self.runner = ProjectionRunner(app, self)
-        self.dialect = self.runner.dialect
-        self.table = self.dialect.table(name)
+        self._dispatch: dict[type, Handler] = dict(self.handlers)
 
-    def create_tables(self, cursor: Cursor, dialect: SqlDialect) -> None:
-        raise NotImplementedError
+    def change(self, event: object) -> RowChange | None:
+        handler = self._dispatch.get(type(event))
+        if handler is None:
+            if not isinstance(event, DeliveryObligation.Event):
+                return None  # another aggregate's event: not ours to index
+            handler = self._handler_of(type(event))
+        return handler(self, event)
 
-    def apply(self, cursor: Cursor, dialect: SqlDialect, fact: object) -> None:
-        raise NotImplementedError
+    def _handler_of(self, cls: type) -> Handler:
+        """The handler of the nearest class this view reads, else ``moved``; remembered."""
+        found: Handler = type(self).moved
+        for base in cls.__mro__:
+            if base in self.handlers:
+                found = self.handlers[base]
+                break
+        self._dispatch[cls] = found
+        return found
 
-    def clear(self, cursor: Cursor, dialect: SqlDialect) -> None:
-        cursor.execute(f"DELETE FROM {self.table}")
+    # -- what every obligation view does alike ----------------------------------------------
 
-    def quarantine_row(self, bad: Undecodable) -> dict[str, Any]:
-        """The columns of a row for an aggregate first seen through a bad event."""
-        raise NotImplementedError
+    def moved(self, event: DeliveryObligation.Event) -> RowChange:
+        """An event that changes nothing this view shows but the row's version and time."""
+        return self.update(event, {})
 
-    def quarantine(self, cursor: Cursor, dialect: SqlDialect, bad: Undecodable) -> None:
+    def update(
+        self,
+        event: DeliveryObligation.Event,
+        values: dict[str, Value],
+        relative: Mapping[str, Relative] = NO_RELATIVE,
+        *,
+        moment: int | None = None,
+    ) -> Update:
+        """A change of the existing row: it always takes the event's time (``moment``,
+        when the caller has it already) and version."""
+        values["last_transition_at"] = to_micros(event.timestamp) if moment is None else moment
+        values["version"] = event.originator_version
+        return Update(event.originator_id.hex, values, relative)
+
+    @staticmethod
+    def quarantined(event: DeliveryObligation.Quarantined) -> dict[str, Value]:
+        """What a ``Quarantined`` fact shows: never claimable, still owed (the row stays)."""
+        return {
+            "state": QUARANTINED,
+            "quarantine_reason": QuarantineReason(event.reason).value,
+            "quarantine_version": int(event.found_at),
+        }
+
+    def quarantine(self, bad: Unreadable) -> RowChange:
         """The aggregate of ``bad`` is quarantined from here on: its row says so, or a row
         is made for it (its first event is the bad one, or it had left this view)."""
-        row = self.quarantine_row(bad)
-        row.update(
-            aggregate_id=bad.originator_id.hex,
-            state=QUARANTINED,
-            quarantine_reason=bad.reason.value,
-            quarantine_version=bad.originator_version,
-            version=bad.originator_version,
+        values: dict[str, Value] = {
+            "obligation_id": bad.obligation_id or bad.originator_id.hex,
+            **self.placeholders,
+            "state": QUARANTINED,
+            "quarantine_reason": bad.reason.value,
+            "quarantine_version": bad.originator_version,
+            "version": bad.originator_version,
+        }
+        return Upsert(
+            bad.originator_id.hex,
+            values,
+            replace=("state", "quarantine_reason", "quarantine_version", "version"),
         )
-        names = ", ".join(row)
-        marks = ", ".join("?" * len(row))
-        still_read = STILL_READ.replace("quarantine_reason", f"{self.table}.quarantine_reason")
-        cursor.execute(
-            dialect.sql(
-                f"INSERT INTO {self.table} ({names}) VALUES ({marks}) "
-                "ON CONFLICT (aggregate_id) DO UPDATE SET state = excluded.state, "
-                "quarantine_reason = excluded.quarantine_reason, "
-                "quarantine_version = excluded.quarantine_version, version = excluded.version "
-                f"WHERE {still_read}"
-            ),
-            tuple(row.values()),
-        )
-
-    def catch_up(
-        self, *, batch_size: int = DEFAULT_BATCH_SIZE, max_batches: int | None = None
-    ) -> int:
-        return self.runner.catch_up(batch_size=batch_size, max_batches=max_batches)
-
-    def rebuild(self, *, batch_size: int = DEFAULT_BATCH_SIZE) -> int:
-        return self.runner.rebuild(batch_size=batch_size)
-
-    def position(self) -> int:
-        return self.runner.position()
-
-    def count(self) -> int:
-        self.runner.ensure_tables()
-        with self.dialect.read_cursor() as c:
-            c.execute(f"SELECT COUNT(*) AS n FROM {self.table}")
-            return int(c.fetchone()["n"])

@@ -1,15 +1,15 @@
-"""Keep a read model current by pulling the application's notification log.
+"""Keep a view current by pulling the application's notification log into SQL tables.
 
-SQLite offers no push subscription, so every projection here is pulled: read the
+SQLite offers no push subscription, so every view here is pulled: read the
 notifications after the view's tracked position, decode them with the application's own
-mapper (the projection reads the very facts the aggregates are built from), and commit
-the view change together with the new position in ONE transaction. A crash before the
+mapper (the view reads the very facts the aggregates are built from), and commit the
+view's changes together with the new position in ONE transaction. A crash before the
 commit loses nothing (the next catch-up re-reads the same notifications); a crash after
-it repeats nothing. Each projection has its own tracking table, so views never share a
+it repeats nothing. Each view has its own tracking table, so views never share a
 position.
 
 One event that does not decode (a flipped byte, an event type a newer release wrote) or
-that the projection cannot apply never stops the view: it is handed to the projection's
+whose change the store refuses never stops the view: it is handed to the view's
 ``quarantine`` in its place, in the same transaction as the position, so a rebuild finds
 the same (ADR 0027).
 
@@ -28,24 +28,31 @@ from typing import Any, Protocol
 
 import attrs
 from eventsourcing.application import Application
-from eventsourcing.persistence import IntegrityError, Notification
+from eventsourcing.persistence import IntegrityError, Notification, StoredEvent
+from eventsourcing.utils import get_topic
 
 from gateway_ledger.domain.errors import LedgerError
 from gateway_ledger.infrastructure.eventstore.bulk_events import decode_each
 from gateway_ledger.infrastructure.eventstore.sql_dialect import Cursor, SqlDialect, dialect_for
 from gateway_ledger.infrastructure.eventstore.store import is_read_only
 from gateway_ledger.infrastructure.privacy.private_mapper import DECODING_ERRORS, Undecodable
+from gateway_ledger.projections.view import DEFAULT_BATCH_SIZE, Progress
 
 log = logging.getLogger("gateway_ledger.projections")
 
-DEFAULT_BATCH_SIZE = 500
 
-
-class Projection(Protocol):
-    """A read model: its tables, how one event changes it, and how to empty it."""
+class SqlProjection(Protocol):
+    """A view kept in SQL tables: its tables, how one event changes them, how to empty
+    them (``infrastructure/views/sql_view.py`` makes one from a pure projection)."""
 
     name: str
     """Plain identifier; the tracking table is ``<name>_tracking``."""
+    topic_prefix: str
+    """Notifications whose topic does not start with this are skipped undecoded (another
+    application's events, in a shared table)."""
+    reads_personal_data: bool
+    """False: events are decoded without decryption (``PrivateMapper.sealed``): placeholders
+    in their personal fields, no key read."""
 
     def create_tables(self, cursor: Cursor, dialect: SqlDialect) -> None: ...
 
@@ -57,6 +64,9 @@ class Projection(Protocol):
     def quarantine(self, cursor: Cursor, dialect: SqlDialect, bad: Undecodable) -> None:
         """Record that the aggregate of ``bad`` has an event this view cannot read."""
 
+    def prepare(self) -> None:
+        """What must happen before the view's transaction (what would wait on its lock)."""
+
 
 class _Refused(Exception):
     """The projection could not apply one decoded event: redo the batch without it."""
@@ -66,16 +76,10 @@ class _Refused(Exception):
         self.bad = bad
 
 
-# A projection may set ``topic_prefix``: notifications whose topic does not start with it
-# are skipped without being decoded (another application's events, in a shared table).
-# A projection that sets ``reads_personal_data = False`` gets events decoded without
-# decryption (``PrivateMapper.sealed``): placeholders in its personal fields, no key read.
-
-
 class ProjectionRunner:
     """Pulls an application's notifications into one projection; see the module docstring."""
 
-    def __init__(self, app: Application[Any], projection: Projection) -> None:
+    def __init__(self, app: Application[Any], projection: SqlProjection) -> None:
         self.app = app
         self.projection = projection
         self.dialect = dialect_for(app.recorder)
@@ -162,10 +166,16 @@ class ProjectionRunner:
     # -- catching up ------------------------------------------------------------------------
 
     def catch_up(
-        self, *, batch_size: int = DEFAULT_BATCH_SIZE, max_batches: int | None = None
+        self,
+        *,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        max_batches: int | None = None,
+        up_to: int | None = None,
+        progress: Progress | None = None,
     ) -> int:
-        """Apply every notification after the tracked position; returns how many applied
-        (none on a store opened read-only: its lag is reported instead)."""
+        """Apply every notification after the tracked position (up to id ``up_to``, when
+        given); returns how many applied (none on a store opened read-only: its lag is
+        reported instead)."""
         self.ensure_tables()
         if self.read_only:
             return 0
@@ -174,14 +184,18 @@ class ProjectionRunner:
         batches = 0
         position = self.position()
         while max_batches is None or batches < max_batches:
+            if up_to is not None and position >= up_to:
+                break
             notifications = self.app.recorder.select_notifications(
-                position, batch_size, inclusive_of_start=False
+                position, batch_size, stop=up_to, inclusive_of_start=False
             )
             if not notifications:
                 break
             applied_now, position = self._apply_batch(notifications)
             applied += applied_now
             batches += 1
+            if progress is not None and up_to is not None:
+                progress(position, up_to)
             if len(notifications) < batch_size:
                 break
         if applied:
@@ -202,18 +216,16 @@ class ProjectionRunner:
         """
         mapper = self.app.mapper
         # On SQLite several applications share one events table: decode only our topics.
-        prefix = getattr(self.projection, "topic_prefix", "")
+        prefix = self.projection.topic_prefix
         sealed: Any = getattr(mapper, "sealed", None)
-        if sealed is None or getattr(self.projection, "reads_personal_data", True):
+        if sealed is None or self.projection.reads_personal_data:
             sealed = contextlib.nullcontext
         ours = [n for n in notifications if n.topic.startswith(prefix)]
         with sealed():
             decoded = decode_each(self.app, ours)
         events = [(n.id, event) for n, event in zip(ours, decoded, strict=True)]
         last_id = notifications[-1].id
-        prepare = getattr(self.projection, "prepare", None)
-        if prepare is not None:
-            prepare()  # what must not write inside the view's transaction (SQLite: a lock)
+        self.projection.prepare()  # what must not write inside the view's transaction
         while True:
             try:
                 return self._apply_events(events, last_id)
@@ -223,7 +235,6 @@ class ProjectionRunner:
 
     def _apply_events(self, events: list[tuple[int, Any]], last_id: int) -> tuple[int, int]:
         projection = self.projection
-        quarantine = getattr(projection, "quarantine", None)
         refused = (*DECODING_ERRORS, *self.dialect.data_errors)
         with self.dialect.write_transaction() as c:
             current = self._read_position(c, lock=True)
@@ -241,8 +252,7 @@ class ProjectionRunner:
                         event.reason.value,
                         event.detail,
                     )
-                    if quarantine is not None:
-                        quarantine(c, self.dialect, event)
+                    projection.quarantine(c, self.dialect, event)
                     continue
                 try:
                     projection.apply(c, self.dialect, event)
@@ -278,9 +288,6 @@ class ProjectionRunner:
 
 def _refused(event: Any, error: BaseException) -> Undecodable:
     """A decoded event the projection (or the store) refused, as an ``Undecodable``."""
-    from eventsourcing.persistence import StoredEvent
-    from eventsourcing.utils import get_topic
-
     stored = StoredEvent(
         originator_id=event.originator_id,
         originator_version=event.originator_version,
