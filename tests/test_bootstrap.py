@@ -53,7 +53,14 @@ def test_the_public_classes_are_the_wired_ones() -> None:
 
 def test_the_application_ledger_is_abstract_over_its_ports() -> None:
     assert delivery_ledger.DeliveryLedger.__abstractmethods__ == frozenset(
-        {"private_mapper", "liveness", "load_each", "start"}
+        {
+            "private_mapper",
+            "liveness",
+            "load_each",
+            "start",
+            "construct_recoverable_view",
+            "construct_obligation_index",
+        }
     )
 
 
@@ -236,6 +243,12 @@ class InMemoryLedger(delivery_ledger.DeliveryLedger):
 
     def load_each(self, aggregate_ids: Sequence[UUID]) -> Loaded:
         return Loaded({i: self.repository.get(i) for i in aggregate_ids if i in self.repository})
+
+    def construct_recoverable_view(self) -> Any:
+        raise AssertionError("the delivery path read a view: here only the sweep may")
+
+    def construct_obligation_index(self) -> Any:
+        raise AssertionError("the delivery path read the operators' index")
 
     def start(self) -> InMemoryLedger:
         return self
