@@ -32,10 +32,10 @@ def plant_late_delivery(location: str, oid: str = "planted-late") -> str:
     first = DeliveryLedger.open(location, owner=a)
     record(first, oid)
     first.mark_attempting(oid)
-    agg = first._load(oid)
+    agg = first.load(oid)
     agg.claim(by=b, now=T0 + timedelta(seconds=5), policy=LedgerPolicy())
     first.save(agg)
-    agg = first._load(oid)
+    agg = first.load(oid)
     agg.confirm_delivery(by=a, now=T0 + timedelta(seconds=6), receipt=["m-1"])
     first.save(agg)
     first.close()
@@ -49,7 +49,7 @@ def plant_unmarked_resend(location: str, oid: str = "planted-unmarked") -> str:
     record(ledger, oid)
     ledger.mark_attempting(oid)
     ledger.mark_failed(oid, "timeout after the request left", "ambiguous")
-    agg = ledger._load(oid)
+    agg = ledger.load(oid)
     agg._claimed(
         by=b,
         previous_owner=agg.owner,
@@ -59,7 +59,7 @@ def plant_unmarked_resend(location: str, oid: str = "planted-unmarked") -> str:
         timestamp=T0 + timedelta(seconds=9),
     )
     ledger.save(agg)
-    agg = ledger._load(oid)
+    agg = ledger.load(oid)
     agg.confirm_delivery(by=b, now=T0 + timedelta(seconds=10), receipt=["m-2"])
     ledger.save(agg)
     ledger.close()

@@ -36,7 +36,7 @@ def record_results(ledger: DeliveryLedger, obligation_id: str, results: Sequence
     a claim that won: an operator resolved it, say), ConcurrentUpdate after repeated races.
     """
     for attempt in range(_ATTEMPTS):
-        obligation = ledger._load(obligation_id)
+        obligation = ledger.load(obligation_id)
         for e in results:
             kind = type(e).__name__
             if kind == "Delivered":
@@ -58,7 +58,7 @@ def record_results(ledger: DeliveryLedger, obligation_id: str, results: Sequence
                 )
         late = sum(1 for p in obligation.pending_events if type(p).__name__ == "LateResultReported")
         try:
-            ledger._save(obligation, "late result" if late else "result")
+            ledger.save_transition(obligation, "late result" if late else "result")
         except ConcurrentUpdate:
             if attempt == _ATTEMPTS - 1:
                 raise

@@ -11,7 +11,7 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, overload
@@ -53,6 +53,7 @@ from gateway_ledger.domain.errors import (
     ConcurrentUpdate,
     ConflictingRecord,
     InvalidInput,
+    LedgerError,
     NotFound,
 )
 from gateway_ledger.domain.values import (
@@ -65,6 +66,7 @@ from gateway_ledger.domain.values import (
     SendGuard,
 )
 from gateway_ledger.infrastructure.clock import Clock, system_clock
+from gateway_ledger.infrastructure.eventstore.library import ENCRYPT_ENV, PrivateEvents
 from gateway_ledger.infrastructure.eventstore.store import (
     is_concurrent_ddl,
     is_read_only,
@@ -81,7 +83,6 @@ from gateway_ledger.infrastructure.ownership.leases import (
     with_idle_transaction_limit,
 )
 from gateway_ledger.infrastructure.ownership.process_identity import current_owner
-from gateway_ledger.infrastructure.privacy.private_mapper import ENCRYPT_ENV, PrivateEvents
 from gateway_ledger.projections.delivery.obligation_index import IndexEntry, ObligationIndex
 from gateway_ledger.projections.delivery.recoverable import RecoverableObligations
 
@@ -239,7 +240,7 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
             parts=parts,
         )
         try:
-            self.save(obligation)
+            self._store(obligation)
         except IntegrityError:
             # The id exists (recorded earlier, or by a concurrent writer): the same record
             # again is idempotent, another one under that id is refused.
@@ -248,6 +249,7 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
             self.check_same_record(obligation)
             log.debug("obligation %s already recorded; nothing appended", obligation_id)
             return obligation_id
+        self.decrypted.keep(obligation)
         log.debug("obligation %s recorded platform=%s", obligation_id, platform)
         return obligation_id
 
@@ -320,9 +322,13 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
         """A send starts. ``guard``: what it does against an unannounced duplicate
         (``none``, ``marker`` or ``idempotency_key``), for the audit (ADR 0026); the
         upstream call without it records nothing, and the audit assumes the rule."""
-        obligation = self._load(obligation_id)
-        obligation.start_attempt(by=self.owner, now=self.clock(), guard=guard)
-        self._save(obligation, "attempting")
+        self.change(
+            obligation_id,
+            "attempting",
+            lambda obligation: obligation.start_attempt(
+                by=self.owner, now=self.clock(), guard=guard
+            ),
+        )
 
     def mark_delivered(
         self,
@@ -337,9 +343,13 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
             ids = []
         elif isinstance(receipt, str | int) and not isinstance(receipt, bool):
             ids = [receipt]  # one message id
-        obligation = self._load(obligation_id)
-        obligation.confirm_delivery(by=self.owner, now=self.clock(), receipt=ids, fence=fence)
-        self._save(obligation, "delivered")
+        self.change(
+            obligation_id,
+            "delivered",
+            lambda obligation: obligation.confirm_delivery(
+                by=self.owner, now=self.clock(), receipt=ids, fence=fence
+            ),
+        )
 
     def mark_failed(
         self,
@@ -354,16 +364,18 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
             error_class = ErrorClass(classification)
         except ValueError:
             raise InvalidInput(f"unknown error classification {classification!r}") from None
-        obligation = self._load(obligation_id)
-        obligation.fail(
-            by=self.owner,
-            now=self.clock(),
-            error=error,
-            classification=error_class,
-            retry_after=retry_after,
-            fence=fence,
+        self.change(
+            obligation_id,
+            "failed",
+            lambda obligation: obligation.fail(
+                by=self.owner,
+                now=self.clock(),
+                error=error,
+                classification=error_class,
+                retry_after=retry_after,
+                fence=fence,
+            ),
         )
-        self._save(obligation, "failed")
 
     def abandon(
         self,
@@ -375,9 +387,13 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
             abandon_reason = AbandonReason(reason)
         except ValueError:
             raise InvalidInput(f"unknown abandon reason {reason!r}") from None
-        obligation = self._load(obligation_id)
-        obligation.abandon(reason=abandon_reason, now=self.clock(), by=self.owner, detail=detail)
-        self._save(obligation, f"abandoned ({abandon_reason.value})")
+        self.change(
+            obligation_id,
+            f"abandoned ({abandon_reason.value})",
+            lambda obligation: obligation.abandon(
+                reason=abandon_reason, now=self.clock(), by=self.owner, detail=detail
+            ),
+        )
 
     # -- recovery (application/delivery/recovery.py, ADR 0007) --------------------------------
 
@@ -431,7 +447,7 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
     # -- reads --------------------------------------------------------------------------------
 
     def get(self, obligation_id: str) -> ObligationStatus:
-        return ObligationStatus.of(self._load(obligation_id))
+        return ObligationStatus.of(self.load(obligation_id))
 
     @overload
     def history(self, obligation_id: str) -> list[HistoryEntry]: ...
@@ -500,7 +516,10 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
             raise InvalidInput("obligation_id must be a non-empty str")
         return obligation_uuid(require_obligation_id(obligation_id))
 
-    def _load(self, obligation_id: str) -> DeliveryObligation:
+    # -- the write path of the synchronous API ---------------------------------------------
+
+    def load(self, obligation_id: str) -> DeliveryObligation:
+        """The obligation as stored now (``NotFound`` if it was never recorded)."""
         try:
             aggregate: DeliveryObligation = self.repository.get(self._uuid(obligation_id))
         except AggregateNotFoundError:
@@ -508,9 +527,15 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
         assert isinstance(aggregate, DeliveryObligation)
         return aggregate
 
-    def _save(self, obligation: DeliveryObligation, transition: str) -> None:
+    def save_transition(self, obligation: DeliveryObligation, transition: str) -> None:
+        """Append the obligation's pending events at its next versions.
+
+        ``ConcurrentUpdate`` when another writer appended first (the aggregate version is
+        the lock): nothing of it is stored; reload and decide again. ``transition`` names
+        the change in that error and in the log.
+        """
         try:
-            self.save(obligation)
+            self._store(obligation)
         except IntegrityError:
             log.info(
                 "obligation %s: %s lost to a concurrent writer",
@@ -521,3 +546,42 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
                 "DeliveryObligation", obligation.obligation_id, transition
             ) from None
         log.debug("obligation %s %s v%d", obligation.obligation_id, transition, obligation.version)
+
+    def change(
+        self,
+        obligation_id: str,
+        transition: str,
+        decide: Callable[[DeliveryObligation], object],
+    ) -> DeliveryObligation:
+        """Let ``decide`` run one of the obligation's commands, then append what it decided;
+        returns the obligation as changed.
+
+        The obligation this ledger wrote last is kept decrypted (``decrypted``), so a
+        lifecycle's next change needs no reload. A kept copy may be behind the store
+        (another process wrote since): a write on top of it fails on the version, and so
+        does not count; the change is then decided again on the obligation as stored now,
+        exactly as without the copy (and so is one the copy refused). Only a change
+        decided on the stored state raises ``ConcurrentUpdate`` or the refusal.
+        """
+        kept: DeliveryObligation | None = self.decrypted.take(self._uuid(obligation_id))
+        if kept is not None:
+            try:
+                decide(kept)
+                self._store(kept)
+            except IntegrityError:
+                log.debug("obligation %s changed since it was kept: reloaded", obligation_id)
+            except LedgerError:
+                pass  # refused on the kept copy: the stored state decides
+            else:
+                self.decrypted.keep(kept)
+                log.debug("obligation %s %s v%d", obligation_id, transition, kept.version)
+                return kept
+        obligation = self.load(obligation_id)
+        decide(obligation)
+        self.save_transition(obligation, transition)
+        self.decrypted.keep(obligation)
+        return obligation
+
+    def _store(self, obligation: DeliveryObligation) -> None:
+        """The obligation's pending events, through the application's one write path."""
+        self.events.put(obligation.collect_events())

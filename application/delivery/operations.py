@@ -234,7 +234,7 @@ def timeline(ledger: DeliveryLedger, obligation_id: str, at: datetime | None = N
     """Replay one obligation's events up to ``at`` (all of them when None)."""
     if at is not None:
         require_aware("at", at)
-    events: list[Any] = list(ledger.events.get(ledger._uuid(obligation_id)))
+    events: list[Any] = list(ledger.events.get(ledger.aggregate_id(obligation_id)))
     if not events:
         raise NotFound("obligation", obligation_id)
     kept = [e for e in events if at is None or e.timestamp <= at]
@@ -257,9 +257,11 @@ def timeline(ledger: DeliveryLedger, obligation_id: str, at: datetime | None = N
 def request_retry(ledger: DeliveryLedger, obligation_id: str, by_operator: str) -> ObligationStatus:
     """Append ``RetryRequested``; refused (IllegalTransition) on a final obligation."""
     require_clear_text("by_operator", by_operator, allow_empty=True)
-    obligation = ledger._load(obligation_id)
-    obligation.request_retry(by=ledger.owner, now=ledger.clock(), requested_by=by_operator)
-    ledger._save(obligation, "retry requested")
+    obligation = ledger.change(
+        obligation_id,
+        "retry requested",
+        lambda o: o.request_retry(by=ledger.owner, now=ledger.clock(), requested_by=by_operator),
+    )
     log.info(
         "obligation %s retry requested (fence %d, marker %s)",
         obligation_id,

@@ -67,10 +67,10 @@ from gateway_ledger.domain.sessions.session import (
 from gateway_ledger.domain.sessions.source import SessionSource
 from gateway_ledger.domain.values import require_aware, require_clear_text, require_text
 from gateway_ledger.infrastructure.clock import Clock, system_clock
+from gateway_ledger.infrastructure.eventstore.library import ENCRYPT_ENV, PrivateEvents
 from gateway_ledger.infrastructure.eventstore.store import opening, store_environment
 from gateway_ledger.infrastructure.eventstore.transcoder import AttrsTranscoding, OrjsonTranscoder
 from gateway_ledger.infrastructure.privacy.private_files import replace_private_file
-from gateway_ledger.infrastructure.privacy.private_mapper import ENCRYPT_ENV, PrivateEvents
 from gateway_ledger.infrastructure.privacy.secrets import load_or_create_secret, secret_path
 
 log = logging.getLogger("gateway_ledger.sessions")

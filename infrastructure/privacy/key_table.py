@@ -10,14 +10,13 @@ that keeps SQLite from truncating its WAL, or a transaction that keeps ``VACUUM 
 from its lock, leaves it pending, marked in the meta table, and the next erasure or
 ``finish_cleanup`` completes it (ADR 0028). The key itself is gone at once either way.
 
-A new subject's key row is inserted in the same transaction as the events sealed with it:
-by the group-commit writer's appender on SQLite (ADR 0017), and by the applications'
-recorders on both stores (ADRs 0019, 0023). Where no such transaction can carry it (the
-library's database functions on PostgreSQL, or a mapping outside a save), the row is
-written before the events, on a private connection of the key table's own (one round
-trip per statement). On SQLite it commits with ``synchronous=NORMAL`` and on PostgreSQL
-with ``synchronous_commit=off``: both logs are sequential, so the fsync of the event's
-own commit makes the earlier key row durable too.
+A new subject's key row is inserted in the same transaction as the events sealed with it,
+by the recorder every write goes through, on both stores (ADRs 0017, 0019, 0023). Where no
+such transaction can carry it (the library's database functions on PostgreSQL, or a
+mapping outside a write), the row is written before the events, on a private connection
+of the key table's own (one round trip per statement). On SQLite it commits with
+``synchronous=NORMAL`` and on PostgreSQL with ``synchronous_commit=off``: both logs are
+sequential, so the fsync of the event's own commit makes the earlier key row durable too.
 """
 
 from __future__ import annotations
