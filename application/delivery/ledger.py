@@ -7,6 +7,7 @@ aggregate's next version; a writer that lost the race gets ConcurrentUpdate.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -99,6 +100,12 @@ def build_transcoder() -> Transcoder:
     for cls in VALUE_OBJECTS:
         transcoder.register(AttrsTranscoding(cls))
     return transcoder
+
+
+@functools.lru_cache(maxsize=4096)
+def _checked_uuid(obligation_id: str) -> UUID:
+    """A validated id's aggregate id; each call of a lifecycle names the same id again."""
+    return obligation_uuid(require_obligation_id(obligation_id))
 
 
 def _media_item(value: object) -> MediaItem:
@@ -514,7 +521,7 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
         """Every lookup takes an id as a record does: refused (InvalidInput) the same way."""
         if not isinstance(obligation_id, str) or not obligation_id:
             raise InvalidInput("obligation_id must be a non-empty str")
-        return obligation_uuid(require_obligation_id(obligation_id))
+        return _checked_uuid(obligation_id)
 
     # -- the write path of the synchronous API ---------------------------------------------
 

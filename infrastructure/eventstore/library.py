@@ -13,20 +13,22 @@ What a write does is there, once:
    ``insert_events(stored_events, keys=...)``: the library's own channel for rows that
    must commit with the events (its ``searchablecontent`` example passes its page rows the
    same way), so the key rows are stored, and the used keys checked, in the events'
-   transaction (``keyed_recorder.py`` on SQLite, ``postgres.py``'s ``_insert_events`` on
+   transaction (``keyed_recorder.py`` on SQLite, the recorder's hook in ``postgres.py`` on
    PostgreSQL);
 3. share the new keys once that committed, seal again if another writer stored a key for
    the same subject first, forget a key found destroyed (``KeyRing.writing``).
 
 The library is extended only where its examples extend it: the ``construct_*`` methods of
-an application, our mapper, event store and recorder classes, and the recorders'
-``_insert_events`` hook (PostgreSQL only, owned by ``postgres.py``).
+an application, our mapper, event store and recorder classes, and the PostgreSQL
+recorder's insert hook (a library internal, owned by ``postgres.py`` alone and pinned by
+``tests/test_write_path.py``).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 from uuid import UUID
@@ -134,7 +136,7 @@ class DecryptedAggregates:
         self.subject_of = subject_of
         self.ttl = ttl
         self.size = size
-        self._kept: dict[UUID, tuple[float, Any]] = {}
+        self._kept: OrderedDict[UUID, tuple[float, Any]] = OrderedDict()  # oldest first
         self._lock = threading.Lock()
 
     def take(self, aggregate_id: UUID) -> Any | None:
@@ -152,23 +154,26 @@ class DecryptedAggregates:
         expires = time.monotonic() + self.ttl
         with self._lock:
             kept = self._kept
-            kept.pop(aggregate.id, None)
-            kept[aggregate.id] = (expires, aggregate)  # newest last
+            kept[aggregate.id] = (expires, aggregate)
+            kept.move_to_end(aggregate.id)
             if len(kept) > self.size:
-                del kept[next(iter(kept))]
+                kept.popitem(last=False)
 
     def forget(self, aggregate_id: UUID) -> None:
         with self._lock:
             self._kept.pop(aggregate_id, None)
 
     def forget_subject(self, subject_id: str) -> None:
-        """Forget every kept aggregate whose personal data is the subject's."""
+        """Forget every kept aggregate whose personal data is the subject's, or may be
+        (its subject is not known without reading the store)."""
         with self._lock:
-            ids = list(self._kept)
-        gone = [i for i in ids if self.subject_of(i) == subject_id]
+            for aggregate_id in list(self._kept):
+                if self.subject_of(aggregate_id) in (subject_id, None):
+                    del self._kept[aggregate_id]
+
+    def clear(self) -> None:
         with self._lock:
-            for aggregate_id in gone:
-                self._kept.pop(aggregate_id, None)
+            self._kept.clear()
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -199,7 +204,7 @@ class PrivateEvents:
         in the middle of a command (and a new key is never made for sealed data)."""
         super().__init__(*args, **kwargs)
         mapper = self.private_mapper
-        self.decrypted = DecryptedAggregates(mapper.subject_of, ttl=mapper.keyring.ttl)
+        self.decrypted = DecryptedAggregates(mapper.remembered_subject, ttl=mapper.keyring.ttl)
         mapper.keyring.on_evict(self.decrypted.forget_subject)
         try:
             if self.check_key_at_open:
@@ -253,6 +258,9 @@ class PrivateEvents:
 
     def close(self) -> None:
         """Close the key table's and the recorder's own connections too, then the store's."""
+        decrypted = getattr(self, "decrypted", None)
+        if decrypted is not None:
+            decrypted.clear()
         self.private_mapper.keyring.close()
         close_recorder = getattr(self.recorder, "close", None)
         if close_recorder is not None:

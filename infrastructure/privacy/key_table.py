@@ -21,6 +21,7 @@ sequential, so the fsync of the event's own commit makes the earlier key row dur
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 import threading
 import time
@@ -80,12 +81,15 @@ def require_live_keys(cursor: sqlite3.Cursor, used: Mapping[str, str]) -> None:
         return
     rows = []
     for chunk in _chunks(sorted(used)):
-        marks = ", ".join("?" * len(chunk))
-        rows += cursor.execute(
-            f"SELECT subject_id, key_id FROM {KEYS_TABLE} WHERE subject_id IN ({marks})",
-            chunk,
-        ).fetchall()
+        rows += cursor.execute(_select_keys_of(len(chunk)), chunk).fetchall()
     erased_among(used, rows)
+
+
+@functools.lru_cache(maxsize=64)
+def _select_keys_of(count: int) -> str:
+    """The stored keys of ``count`` subjects (one statement text per count, reused)."""
+    marks = ", ".join("?" * count)
+    return f"SELECT subject_id, key_id FROM {KEYS_TABLE} WHERE subject_id IN ({marks})"
 
 
 def _chunks(items: Sequence[str], size: int = 500) -> Iterator[list[str]]:

@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import logging
 from binascii import a2b_base64, b2a_base64
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any
@@ -397,7 +398,7 @@ class PrivateMapper(Mapper[UUID]):
         self.keyring = keyring
         self.encrypt = encrypt
         self.first_event = first_event
-        self._subjects: dict[str, str] = {}
+        self._subjects: OrderedDict[str, str] = OrderedDict()  # oldest first
         self._random = shared_pool
         self._classes: dict[type, _EventClass] = {}
         self._tagged_with = getattr(transcoder, "tagged_with", None)
@@ -430,11 +431,17 @@ class PrivateMapper(Mapper[UUID]):
                 self._remember(key, subject)
         return subject
 
+    def remembered_subject(self, originator_id: UUID) -> str | None:
+        """The subject of an aggregate whose sealed events this mapper sealed or opened
+        (None: not known here); never reads the store."""
+        return self._subjects.get(str(originator_id))
+
     def _remember(self, originator_id: str, subject: str) -> None:
-        if len(self._subjects) >= _MAX_REMEMBERED:
-            with contextlib.suppress(StopIteration, KeyError, RuntimeError):
-                del self._subjects[next(iter(self._subjects))]
-        self._subjects[originator_id] = subject
+        subjects = self._subjects
+        if originator_id not in subjects and len(subjects) >= _MAX_REMEMBERED:
+            with contextlib.suppress(KeyError):  # another thread emptied it meanwhile
+                subjects.popitem(last=False)
+        subjects[originator_id] = subject
 
     # -- writing ----------------------------------------------------------------------------
 
