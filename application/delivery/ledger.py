@@ -591,4 +591,4 @@ class DeliveryLedger(PrivateEvents, Application[UUID]):
 
     def _store(self, obligation: DeliveryObligation) -> None:
         """The obligation's pending events, through the application's one write path."""
-        self.events.put(obligation.collect_events())
+        self.sealed_events.append(obligation.collect_events())

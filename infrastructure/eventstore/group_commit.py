@@ -3,7 +3,7 @@
 The event loop never touches the store. Coroutines hand their pending events to the
 writer and await a future; the writer takes everything queued since its last commit,
 appends it in one transaction (one fsync), through the application's one write path
-(its event store's ``put``, ``infrastructure/eventstore/library.py``, the same as every
+(its event store's ``append``, ``infrastructure/eventstore/library.py``, the same as every
 other write), and resolves every future. There is no timer: while one commit runs, the
 next group queues up, so a single conversation pays no added latency and 64
 conversations share their fsyncs.
@@ -49,6 +49,7 @@ from eventsourcing.application import Application
 from eventsourcing.persistence import IntegrityError
 
 from gateway_ledger.domain.errors import ConcurrentUpdate, LedgerError, SessionErased
+from gateway_ledger.infrastructure.eventstore.library import SealedEventStore
 from gateway_ledger.infrastructure.loop_waker import LoopWaker, close_wakers, waker_for
 
 log = logging.getLogger("gateway_ledger.group_commit")
@@ -59,7 +60,7 @@ DEFAULT_LINGER = 0.02
 """Seconds a write-behind job may wait for a group to join before it is committed alone."""
 
 Append = Callable[[Sequence[Any]], object]
-"""Stores events in one durable transaction (the application's ``events.put``)."""
+"""Stores events in one durable transaction (the application's ``events.append``)."""
 
 _FLUSH = object()
 """Queued to make the writer commit the write-behind jobs now."""
@@ -154,7 +155,10 @@ class GroupCommitWriter:
         self.stats = WriterStats()
         # ``append`` stores events in one durable transaction; raising the library's
         # IntegrityError on a version clash (a slower stand-in simulates a slow disk).
-        self._append: Append = append or app.events.put
+        events = app.events
+        self._append: Append = append or (
+            events.append if isinstance(events, SealedEventStore) else events.put
+        )
         self._queue: queue.SimpleQueue[_Job | object | None] = queue.SimpleQueue()
         self._behind: list[_Job] = []  # write-behind jobs waiting for the next group
         self._behind_unsettled = 0  # submitted behind and not settled yet (under _cond)

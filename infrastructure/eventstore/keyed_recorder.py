@@ -48,13 +48,16 @@ class KeyedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
         super().__init__(*args, **kwargs)
         self._conn: sqlite3.Connection | None = None
         self._lock = threading.Lock()
+        self._in_memory = self.datastore.pool.is_sqlite_memory_mode
 
     def insert_events(
         self, stored_events: Sequence[StoredEvent], **kwargs: Any
     ) -> Sequence[int] | None:
         """Append the events in one durable transaction, with the new key rows of ``keys``;
-        returns their notification ids."""
+        returns their notification ids, unless ``notification_ids=False`` (nobody asks:
+        one statement for all the rows then)."""
         keys: WriteKeys | None = kwargs.get("keys")
+        with_ids: bool = kwargs.get("notification_ids", True)
         rows = [
             (
                 s.originator_id.hex if isinstance(s.originator_id, UUID) else s.originator_id,
@@ -64,15 +67,15 @@ class KeyedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
             )
             for s in stored_events
         ]
-        if self.datastore.pool.is_sqlite_memory_mode:  # one database per connection there
+        if self._in_memory:  # one database per connection there
             with self.datastore.transaction(commit=True) as c:
-                return self._append(c.sqlite_cursor, rows, keys)
+                return self._append(c.sqlite_cursor, rows, keys, with_ids)
         with self._lock:
-            conn = self._connection()
+            conn = self._conn or self._connection()
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 try:
-                    ids = self._append(conn.cursor(), rows, keys)
+                    ids = self._append(conn.cursor(), rows, keys, with_ids)
                     conn.execute("COMMIT")
                 except BaseException:
                     if conn.in_transaction:
@@ -92,14 +95,23 @@ class KeyedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
         return ids
 
     def _append(
-        self, cursor: sqlite3.Cursor, rows: list[tuple[Any, ...]], keys: WriteKeys | None
-    ) -> list[int]:
+        self,
+        cursor: sqlite3.Cursor,
+        rows: list[tuple[Any, ...]],
+        keys: WriteKeys | None,
+        with_ids: bool,
+    ) -> list[int] | None:
         """In the caller's write transaction: keys first (roll back on a refusal), events."""
         if keys is not None:
-            require_live_keys(cursor, keys.used)  # SessionErased
-            insert_staged_keys(cursor, keys.rows)  # KeyRaceLost
-        ids: list[int] = []
+            if keys.used:
+                require_live_keys(cursor, keys.used)  # SessionErased
+            if keys.rows:
+                insert_staged_keys(cursor, keys.rows)  # KeyRaceLost
         statement = self.insert_events_statement
+        if not with_ids:
+            cursor.executemany(statement, rows)
+            return None
+        ids: list[int] = []
         for row in rows:
             cursor.execute(statement, row)
             ids.append(int(cursor.lastrowid or 0))

@@ -80,23 +80,8 @@ class SealedEventStore(EventStore[UUID]):
         database functions on PostgreSQL): new keys are then stored before the events."""
 
     def put(self, domain_events: Sequence[Any], **kwargs: Any) -> list[Recording[UUID]]:
-        """Seal and store the events in one transaction, with the data keys they need;
-        ``kwargs`` go on to the recorder with them. Raises the library's
-        ``IntegrityError`` when another writer took one of the events' versions first,
-        and ``SessionErased`` when a key they were sealed with was destroyed meanwhile."""
-        if not domain_events:
-            return []
-        if not self.stores_keys:
-            stored = [self.mapper.to_stored_event(e) for e in domain_events]
-            ids = self.recorder.insert_events(stored, **kwargs)
-        else:
-
-            def write(keys: WriteKeys) -> tuple[list[StoredEvent], Sequence[int] | None]:
-                to_stored_event: Any = self.mapper.to_stored_event
-                sealed = [to_stored_event(e, keys) for e in domain_events]
-                return sealed, self.recorder.insert_events(sealed, keys=keys, **kwargs)
-
-            stored, ids = self.keyring.writing(write)
+        """The library's way in (``Application.save``): the write, then what it recorded."""
+        stored, ids = self._write(domain_events, kwargs)
         if not ids:
             return []
         return [
@@ -112,6 +97,32 @@ class SealedEventStore(EventStore[UUID]):
             )
             for domain_event, s, notification_id in zip(domain_events, stored, ids, strict=True)
         ]
+
+    def append(self, domain_events: Sequence[Any], **kwargs: Any) -> None:
+        """The same write, for callers that want no ``Recording`` of it (the ledger's
+        transitions, the group-commit writer): the recorder need not report the events'
+        notification ids either."""
+        self._write(domain_events, {**kwargs, "notification_ids": False})
+
+    def _write(
+        self, domain_events: Sequence[Any], kwargs: dict[str, Any]
+    ) -> tuple[list[StoredEvent], Sequence[int] | None]:
+        """Seal and store the events in one transaction, with the data keys they need;
+        ``kwargs`` go on to the recorder with them. Raises the library's
+        ``IntegrityError`` when another writer took one of the events' versions first,
+        and ``SessionErased`` when a key they were sealed with was destroyed meanwhile."""
+        if not domain_events:
+            return [], None
+        if not self.stores_keys:
+            stored = [self.mapper.to_stored_event(e) for e in domain_events]
+            return stored, self.recorder.insert_events(stored, **kwargs)
+
+        def write(keys: WriteKeys) -> tuple[list[StoredEvent], Sequence[int] | None]:
+            to_stored_event: Any = self.mapper.to_stored_event
+            sealed = [to_stored_event(e, keys) for e in domain_events]
+            return sealed, self.recorder.insert_events(sealed, keys=keys, **kwargs)
+
+        return self.keyring.writing(write)
 
 
 class DecryptedAggregates:
@@ -195,6 +206,7 @@ class PrivateEvents:
     env: Any
     recorder: Any
     mapper: Any
+    events: Any
     decrypted: DecryptedAggregates
     """Aggregates kept decrypted between writes (see :class:`DecryptedAggregates`)."""
 
@@ -241,7 +253,7 @@ class PrivateEvents:
             first_event=self.first_stored_event,
         )
 
-    def construct_event_store(self) -> EventStore[UUID]:
+    def construct_event_store(self) -> SealedEventStore:
         """The one write path (see the module docstring)."""
         return SealedEventStore(self.private_mapper, self.recorder)
 
@@ -249,6 +261,13 @@ class PrivateEvents:
         """An aggregate's first stored event, as stored (None: no such aggregate)."""
         events = self.recorder.select_events(originator_id, lte=1, limit=1)
         return events[0] if events else None
+
+    @property
+    def sealed_events(self) -> SealedEventStore:
+        """The application's event store (``events``): every write goes through it."""
+        events = self.events
+        assert isinstance(events, SealedEventStore)
+        return events
 
     @property
     def private_mapper(self) -> PrivateMapper:
