@@ -174,9 +174,7 @@ class Ours(Contender):
         with gateway.ledger.recorder.datastore.transaction(commit=False) as c:
             c.execute("PRAGMA synchronous")
             assert c.fetchone()[0] == 2  # FULL, the library's (and SQLite's) default
-        append: Any = getattr(gateway.writer, "_append", None)
-        if hasattr(append, "synchronous"):
-            assert append.synchronous() == 2  # the writer's own connection: FULL too
+        assert gateway.ledger.recorder.synchronous() == 2  # its write connection: FULL too
         await gateway.start([InstantPlatform()])
         return cls(gateway)
 

@@ -40,7 +40,12 @@ from gateway_ledger.application.delivery.gateway import (
     DEFAULT_COMMAND_PREFIXES,
     DEFAULT_LEDGER_DEADLINE,
 )
-from gateway_ledger.application.delivery.ledger_ports import EventWriter, LivenessPolicy, Loaded
+from gateway_ledger.application.delivery.ledger_ports import (
+    EventWriter,
+    KeptAggregates,
+    LivenessPolicy,
+    Loaded,
+)
 from gateway_ledger.application.delivery.recovery_port import RecoverySweep, ResumableSessions
 from gateway_ledger.application.delivery.scheduling import Scheduler
 from gateway_ledger.application.privacy.erasure import (
@@ -59,6 +64,7 @@ from gateway_ledger.domain.sessions.route import SessionKeying
 from gateway_ledger.domain.values import LedgerPolicy, OwnerIdentity
 from gateway_ledger.infrastructure.eventstore.bulk_events import load_each
 from gateway_ledger.infrastructure.eventstore.group_commit import GroupCommitWriter
+from gateway_ledger.infrastructure.eventstore.library import ENCRYPT_ENV, PrivateEvents
 from gateway_ledger.infrastructure.eventstore.store import (
     is_concurrent_ddl,
     is_read_only,
@@ -76,7 +82,6 @@ from gateway_ledger.infrastructure.ownership.leases import (
 )
 from gateway_ledger.infrastructure.ownership.liveness import LeaseLiveness, LocalLiveness
 from gateway_ledger.infrastructure.ownership.process_identity import current_owner
-from gateway_ledger.infrastructure.privacy.private_mapper import ENCRYPT_ENV, PrivateEvents
 from gateway_ledger.infrastructure.privacy.secrets import load_or_create_secret, secret_path
 from gateway_ledger.infrastructure.sessions.transcoding import build_session_transcoder
 from gateway_ledger.infrastructure.sessions.transcript_files import JsonlTranscriptFiles
@@ -236,6 +241,10 @@ class DeliveryLedger(PrivateEvents, delivery_ledger.DeliveryLedger):
 
     def load_each(self, aggregate_ids: Sequence[UUID]) -> Loaded:
         return load_each(self, aggregate_ids)
+
+    @property
+    def kept(self) -> KeptAggregates:
+        return self.decrypted
 
     def construct_recoverable_view(self) -> RecoverableView:
         return SqlRecoverableView(self)

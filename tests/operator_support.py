@@ -33,10 +33,10 @@ def plant_late_delivery(location: str, oid: str = "planted-late") -> str:
     first = DeliveryLedger.open(location, owner=a)
     record(first, oid)
     first.mark_attempting(oid)
-    agg = first._load(oid)
+    agg = first.load(oid)
     agg.claim(by=b, now=T0 + timedelta(seconds=5), policy=LedgerPolicy())
     first.save(agg)
-    agg = first._load(oid)
+    agg = first.load(oid)
     agg.confirm_delivery(by=a, now=T0 + timedelta(seconds=6), receipt=["m-1"])
     first.save(agg)
     first.close()
@@ -50,7 +50,7 @@ def plant_unmarked_resend(location: str, oid: str = "planted-unmarked") -> str:
     record(ledger, oid)
     ledger.mark_attempting(oid)
     ledger.mark_failed(oid, "timeout after the request left", "ambiguous")
-    agg = ledger._load(oid)
+    agg = ledger.load(oid)
     agg.trigger_event(  # a forged claim: no guard would let it through
         DeliveryObligation.Claimed,
         by=b,
@@ -61,7 +61,7 @@ def plant_unmarked_resend(location: str, oid: str = "planted-unmarked") -> str:
         timestamp=T0 + timedelta(seconds=9),
     )
     ledger.save(agg)
-    agg = ledger._load(oid)
+    agg = ledger.load(oid)
     agg.confirm_delivery(by=b, now=T0 + timedelta(seconds=10), receipt=["m-2"])
     ledger.save(agg)
     ledger.close()

@@ -23,6 +23,9 @@ LIBRARY_INTERNALS: dict[str, str] = {
     # module (relative path) -> the library internal it owns (pinned where it says)
     "domain/topics.py": "_type_cache",  # eventsourcing.utils; tests/test_stored_topics.py
     "entrypoints/console.py": "_SubParsersAction",  # argparse; named once as Subcommands
+    # eventsourcing's PostgreSQL recorder hook that runs in the events' transaction with
+    # save's kwargs (the write's data keys); tests/test_write_path.py
+    "infrastructure/eventstore/postgres.py": "_insert_events",
 }
 
 

@@ -21,7 +21,7 @@ def record(ledger: DeliveryLedger, sessions: int) -> list[UUID]:
             platform="telegram", chat_id=str(i), content=f"reply {i}", reply_to=f"m-{i}",
         )  # fmt: skip
         ledger.mark_attempting(oid)
-        ids.append(ledger._uuid(oid))
+        ids.append(ledger.aggregate_id(oid))
     return ids
 
 
@@ -29,7 +29,7 @@ def test_twenty_sessions_cost_one_key_read_and_decode_as_one_by_one(store_locati
     record(DeliveryLedger.open(store_location), 20)
     ledger = DeliveryLedger.open(store_location)  # a new process's view: no key cached
     ledger.forget_session("agent:main:telegram:dm:3")  # an erased subject among them
-    ids = [ledger._uuid(f"o-{i}") for i in range(20)]
+    ids = [ledger.aggregate_id(f"o-{i}") for i in range(20)]
     table: Any = ledger.mapper.keyring.table
     reads: list[str] = []
     for name in ("get", "get_many", "find"):

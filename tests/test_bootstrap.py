@@ -60,6 +60,8 @@ def test_the_application_ledger_is_abstract_over_its_ports() -> None:
             "start",
             "construct_recoverable_view",
             "construct_obligation_index",
+            "kept",
+            "sealed_events",
         }
     )
 
@@ -224,6 +226,26 @@ class ClearMapper:
         return contextlib.nullcontext()
 
 
+class KeepsNothing:
+    """No decrypted copies between writes: every change reloads (the ledger's contract holds)."""
+
+    def take(self, aggregate_id: UUID) -> Any | None:
+        return None
+
+    def keep(self, aggregate: Any) -> None:
+        pass
+
+
+class PutThrough:
+    """The one write path on the library's in-memory store: its public ``put``."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    def append(self, domain_events: Sequence[Any], **kwargs: Any) -> None:
+        self.app.events.put(list(domain_events))
+
+
 class InMemoryLedger(delivery_ledger.DeliveryLedger):
     """The application ledger on the library's in-memory store, its ports in memory: no
     sealing (nothing is stored), every owner alive, loads through the repository."""
@@ -243,6 +265,14 @@ class InMemoryLedger(delivery_ledger.DeliveryLedger):
 
     def load_each(self, aggregate_ids: Sequence[UUID]) -> Loaded:
         return Loaded({i: self.repository.get(i) for i in aggregate_ids if i in self.repository})
+
+    @property
+    def kept(self) -> Any:
+        return KeepsNothing()
+
+    @property
+    def sealed_events(self) -> Any:
+        return PutThrough(self)
 
     def construct_recoverable_view(self) -> Any:
         raise AssertionError("the delivery path read a view: here only the sweep may")

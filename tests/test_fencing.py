@@ -103,7 +103,7 @@ def test_a_late_receipt_is_sealed_like_any_receipt(store_location: str) -> None:
     a.mark_attempting(oid)
     b.sweep_recoverable(liveness=everyone_dead)
     a.mark_delivered(oid, ["platform-msg-98765"])
-    stored = a.recorder.select_events(a._uuid(oid))
+    stored = a.recorder.select_events(a.aggregate_id(oid))
     assert b"platform-msg-98765" not in stored[-1].state
     assert a.history(oid)[-1].fields["receipt"] == ["platform-msg-98765"]
 

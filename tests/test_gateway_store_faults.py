@@ -14,7 +14,6 @@ from gateway_ledger.application.delivery.ports import DUPLICATE_NOTICE, Reply, R
 from gateway_ledger.bootstrap import DeliveryLedger, Gateway
 from gateway_ledger.domain.delivery.obligation import compute_obligation_id
 from gateway_ledger.domain.errors import ConcurrentUpdate
-from gateway_ledger.infrastructure.eventstore.event_append import appender_for
 from gateway_ledger.infrastructure.eventstore.group_commit import GroupCommitWriter
 from gateway_ledger.infrastructure.eventstore.postgres import connect, parse_postgres_url
 from tests.gateway_fakes import ScriptedAdapter
@@ -180,12 +179,11 @@ class SlowDiskLedger(DeliveryLedger):
 
 
 def slow_disk_gateway(ledger: DeliveryLedger) -> Gateway:
-    """The gateway's writer appends through its own connection: slow that commit down too."""
-    fast = appender_for(ledger)
+    """The gateway's writer appends through the ledger's event store: slow that down too."""
 
     def append(events: Any) -> None:
         time.sleep(SLOW_COMMIT)
-        fast(events)
+        ledger.events.put(events)
 
     return Gateway(ledger, writer=GroupCommitWriter(ledger, append=append))
 

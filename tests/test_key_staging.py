@@ -1,8 +1,8 @@
 """A new subject's data key is stored in the same transaction as its first sealed events.
 
-On SQLite by the group-commit writer's own appender (``SQLiteAppender``) and by the
-recorder of ``Application.save``; on PostgreSQL by the recorder, which the group-commit
-writer also goes through there.
+By the recorder every write goes through (the application's event store hands it the
+write's keys explicitly), on SQLite and on PostgreSQL, whether the write comes from the
+group-commit writer or from the synchronous API.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import pytest
 
 from gateway_ledger.bootstrap import DeliveryLedger
 from gateway_ledger.domain.errors import ConcurrentUpdate
-from gateway_ledger.infrastructure.eventstore.event_append import SQLiteAppender
 from gateway_ledger.infrastructure.eventstore.group_commit import GroupCommitWriter
 from gateway_ledger.infrastructure.privacy.key_table import KEYS_TABLE
 
@@ -38,7 +37,7 @@ def key_rows(db: Path) -> list[tuple[str, str]]:
 
 
 def sealed_key_id(ledger: DeliveryLedger, oid: str) -> str:
-    (first,) = ledger.recorder.select_events(ledger._uuid(oid), lte=1)
+    (first,) = ledger.recorder.select_events(ledger.aggregate_id(oid), lte=1)
     return str(orjson.loads(first.state)["_sealed_"]["k"])
 
 
@@ -54,9 +53,9 @@ def racing(mapped: Callable[[Any], Any], race: Callable[[], None]) -> tuple[Any,
     (our new key then exists in memory only), and the events it was asked to map."""
     calls: list[Any] = []
 
-    def map_then_race(event: Any) -> Any:
+    def map_then_race(event: Any, *keys: Any) -> Any:
         calls.append(event)
-        stored = mapped(event)
+        stored = mapped(event, *keys)
         if len(calls) == 1:
             race()
         return stored
@@ -94,13 +93,12 @@ def test_a_key_another_writer_stored_meanwhile_wins_and_the_events_are_sealed_ag
     def race() -> None:
         record(theirs, "o-theirs", content="theirs")
 
+    ours.mapper.to_stored_event, calls = racing(ours.mapper.to_stored_event, race)  # type: ignore[method-assign]
     if path == "group-commit writer":
-        append = SQLiteAppender(ours)
-        append.to_stored_event, calls = racing(append.to_stored_event, race)  # type: ignore[method-assign]
-        append(obligation(ours, "o-ours").collect_events())
-        append.close()
+        writer = GroupCommitWriter(ours)
+        writer.submit(obligation(ours, "o-ours").collect_events()).result(timeout=10)
+        writer.close()
     else:
-        ours.mapper.to_stored_event, calls = racing(ours.mapper.to_stored_event, race)  # type: ignore[method-assign]
         record(ours, "o-ours")
     assert len(calls) == 2  # rolled back once, sealed again
     ((_, key_id),) = key_rows(db)  # one key for the subject: theirs
@@ -142,7 +140,7 @@ def test_a_group_that_fails_forgets_its_new_keys_and_the_retry_stores_one(tmp_pa
         assert c.fetchone()[0] == 4
 
 
-# -- the synchronous API (Application.save) on SQLite: KeyedSQLiteApplicationRecorder ------
+# -- the synchronous API on SQLite: KeyedSQLiteApplicationRecorder -------------------------
 
 
 def test_the_synchronous_api_writes_a_new_key_in_the_events_transaction(tmp_path: Path) -> None:
@@ -182,7 +180,7 @@ def test_on_postgresql_a_new_key_is_committed_by_its_events_own_transaction(pg_u
         c.execute(
             f'SELECT xmin::text AS x FROM "{schema}".{ledger.recorder.events_table_name} '
             "WHERE originator_id = %s AND originator_version = 1",
-            (ledger._uuid("o-1"),),
+            (ledger.aggregate_id("o-1"),),
         )
         event_tx = [row["x"] for row in c.fetchall()]
     assert key_tx == event_tx and len(key_tx) == 1

@@ -214,9 +214,9 @@ class ObligationMachine(RuleBasedStateMachine):
         ledger = self.ledgers[by]
 
         def call() -> None:
-            obligation = ledger._load(OID)
+            obligation = ledger.load(OID)
             obligation.claim(by=ledger.owner, now=ledger.clock(), policy=ledger.policy)
-            ledger._save(obligation, "claimed")
+            ledger.save_transition(obligation, "claimed")
 
         if self._run("claim", by, call):
             m = self.model

@@ -108,7 +108,7 @@ def test_audit_reads_the_guard_a_send_recorded(store_location: str) -> None:
     ledger = DeliveryLedger.open(store_location, owner=owner(4_200_008))
     for oid, second in (("plain", "none"), ("marked", "marker"), ("keyed", "idempotency_key")):
         record(ledger, oid)
-        agg = ledger._load(oid)
+        agg = ledger.load(oid)
         agg.start_attempt(by=ledger.owner, now=agg.last_transition_at, guard="none")
         agg.fail(by=ledger.owner, now=agg.last_transition_at, error="timeout")
         agg.start_attempt(by=ledger.owner, now=agg.last_transition_at, guard=second)
@@ -170,7 +170,7 @@ def test_audit_follows_the_aggregate_when_another_process_reports_the_failure(
     record(sender, "refused")
     sender.mark_attempting("refused")
     other.mark_failed("refused", "chat not writable", "rejected")
-    agg = other._load("refused")
+    agg = other.load("refused")
     assert agg.needs_marker is False  # the refused send never arrived
     agg.claim(by=other.owner, now=agg.last_transition_at, policy=other.policy)
     other.save(agg)
@@ -187,7 +187,7 @@ def test_audit_flags_a_second_claim_at_the_same_fence(store_location: str) -> No
     ledger = DeliveryLedger.open(store_location, owner=owner(4_200_005))
     record(ledger, "twice")
     ledger.mark_attempting("twice")
-    agg = ledger._load("twice")
+    agg = ledger.load("twice")
     now = agg.last_transition_at + timedelta(seconds=1)
     for claimer in (owner(4_200_006), owner(4_200_007)):
         agg.trigger_event(  # forged claims: no guard would let them through

@@ -61,7 +61,7 @@ def run_step(
         return
     if not ledger.exists(oid):
         return
-    agg = ledger._load(oid)
+    agg = ledger.load(oid)
     try:
         if kind == "attempt":
             agg.start_attempt(by=agg.owner, now=now)

@@ -225,7 +225,7 @@ def test_batched_reload_rebuilds_the_same_aggregates_as_the_repository(
     ledger.mark_attempting("b")
     ledger.mark_attempting("c")
     ledger.mark_failed("c", "timeout", "ambiguous")
-    ids = [ledger._uuid(oid) for oid in ("a", "b", "c", "never-recorded")]
+    ids = [ledger.aggregate_id(oid) for oid in ("a", "b", "c", "never-recorded")]
     loaded = load_aggregates(ledger, ids)
     assert set(loaded) == set(ids[:3])
     for uuid_ in ids[:3]:

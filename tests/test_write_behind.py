@@ -39,7 +39,8 @@ def test_a_behind_job_waits_for_the_next_group_and_keeps_its_order(tmp_path: Pat
     asyncio.run(main())
     writer.close()
     ids = [n.originator_id for n in ledger.recorder.select_notifications(1, 10)]
-    assert ids == [ledger._uuid("o-behind"), ledger._uuid("o-waited")]  # submission order
+    # submission order
+    assert ids == [ledger.aggregate_id("o-behind"), ledger.aggregate_id("o-waited")]
 
 
 def test_flush_and_close_land_what_is_behind(tmp_path: Path) -> None:

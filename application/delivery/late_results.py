@@ -68,7 +68,7 @@ def record_results(ledger: DeliveryLedger, obligation_id: str, results: Sequence
     a claim that won: an operator resolved it, say), ConcurrentUpdate after repeated races.
     """
     for attempt in range(_ATTEMPTS):
-        obligation = ledger._load(obligation_id)
+        obligation = ledger.load(obligation_id)
         for result in results:
             _reapply(obligation, result)
         late = sum(
@@ -77,7 +77,7 @@ def record_results(ledger: DeliveryLedger, obligation_id: str, results: Sequence
             if isinstance(p, DeliveryObligation.LateResultReported)
         )
         try:
-            ledger._save(obligation, "late result" if late else "result")
+            ledger.save_transition(obligation, "late result" if late else "result")
         except ConcurrentUpdate:
             if attempt == _ATTEMPTS - 1:
                 raise

@@ -12,9 +12,10 @@ infrastructure that satisfies them, and that subclass is the public ``DeliveryLe
 
 from __future__ import annotations
 
+import functools
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, ClassVar, overload
 from uuid import UUID
@@ -26,6 +27,8 @@ from gateway_ledger.application.clock import Clock, system_clock
 from gateway_ledger.application.delivery.audit import DuplicateAudit, audit_duplicates
 from gateway_ledger.application.delivery.interface import claimed_item, media_items
 from gateway_ledger.application.delivery.ledger_ports import (
+    EventAppender,
+    KeptAggregates,
     LeaseHolder,
     LivenessPolicy,
     Loaded,
@@ -58,6 +61,7 @@ from gateway_ledger.domain.errors import (
     ConcurrentUpdate,
     ConflictingRecord,
     InvalidInput,
+    LedgerError,
     NotFound,
 )
 from gateway_ledger.domain.values import (
@@ -79,6 +83,12 @@ LEDGER_APPLICATION_NAME = "gateway_ledger"
 
 VALUE_OBJECTS: tuple[type, ...] = (OwnerIdentity, DeliveryTarget, MediaItem)
 """The value objects the ledger's events carry: its transcoder must know each of them."""
+
+
+@functools.lru_cache(maxsize=4096)
+def _checked_uuid(obligation_id: str) -> UUID:
+    """A validated id's aggregate id; each call of a lifecycle names the same id again."""
+    return obligation_uuid(require_obligation_id(obligation_id))
 
 
 class DeliveryLedger(Application[UUID], ABC):
@@ -128,6 +138,16 @@ class DeliveryLedger(Application[UUID], ABC):
     def load_each(self, aggregate_ids: Sequence[UUID]) -> Loaded:
         """The current state of each aggregate, read together, each failing on its own."""
 
+    @property
+    @abstractmethod
+    def kept(self) -> KeptAggregates:
+        """Obligations kept decrypted between this process's writes (forgotten with their key)."""
+
+    @property
+    @abstractmethod
+    def sealed_events(self) -> EventAppender:
+        """The application's event store, through which every write goes."""
+
     @abstractmethod
     def construct_recoverable_view(self) -> RecoverableView:
         """The index of unresolved obligations the sweep reads (built once, lazily)."""
@@ -171,7 +191,7 @@ class DeliveryLedger(Application[UUID], ABC):
             parts=parts,
         )
         try:
-            self.save(obligation)
+            self._store(obligation)
         except IntegrityError:
             # The id exists (recorded earlier, or by a concurrent writer): the same record
             # again is idempotent, another one under that id is refused.
@@ -180,6 +200,7 @@ class DeliveryLedger(Application[UUID], ABC):
             self.check_same_record(obligation)
             log.debug("obligation %s already recorded; nothing appended", obligation_id)
             return obligation_id
+        self.kept.keep(obligation)
         log.debug("obligation %s recorded platform=%s", obligation_id, platform)
         return obligation_id
 
@@ -250,9 +271,13 @@ class DeliveryLedger(Application[UUID], ABC):
         """A send starts. ``guard``: what it does against an unannounced duplicate
         (``none``, ``marker`` or ``idempotency_key``), for the audit (ADR 0026); the
         upstream call without it records nothing, and the audit assumes the rule."""
-        obligation = self._load(obligation_id)
-        obligation.start_attempt(by=self.owner, now=self.clock(), guard=guard)
-        self._save(obligation, "attempting")
+        self.change(
+            obligation_id,
+            "attempting",
+            lambda obligation: obligation.start_attempt(
+                by=self.owner, now=self.clock(), guard=guard
+            ),
+        )
 
     def mark_delivered(
         self,
@@ -267,9 +292,13 @@ class DeliveryLedger(Application[UUID], ABC):
             ids = []
         elif isinstance(receipt, str | int) and not isinstance(receipt, bool):
             ids = [receipt]  # one message id
-        obligation = self._load(obligation_id)
-        obligation.confirm_delivery(by=self.owner, now=self.clock(), receipt=ids, fence=fence)
-        self._save(obligation, "delivered")
+        self.change(
+            obligation_id,
+            "delivered",
+            lambda obligation: obligation.confirm_delivery(
+                by=self.owner, now=self.clock(), receipt=ids, fence=fence
+            ),
+        )
 
     def mark_failed(
         self,
@@ -284,16 +313,18 @@ class DeliveryLedger(Application[UUID], ABC):
             error_class = ErrorClass(classification)
         except ValueError:
             raise InvalidInput(f"unknown error classification {classification!r}") from None
-        obligation = self._load(obligation_id)
-        obligation.fail(
-            by=self.owner,
-            now=self.clock(),
-            error=error,
-            classification=error_class,
-            retry_after=retry_after,
-            fence=fence,
+        self.change(
+            obligation_id,
+            "failed",
+            lambda obligation: obligation.fail(
+                by=self.owner,
+                now=self.clock(),
+                error=error,
+                classification=error_class,
+                retry_after=retry_after,
+                fence=fence,
+            ),
         )
-        self._save(obligation, "failed")
 
     def abandon(
         self,
@@ -305,9 +336,13 @@ class DeliveryLedger(Application[UUID], ABC):
             abandon_reason = AbandonReason(reason)
         except ValueError:
             raise InvalidInput(f"unknown abandon reason {reason!r}") from None
-        obligation = self._load(obligation_id)
-        obligation.abandon(reason=abandon_reason, now=self.clock(), by=self.owner, detail=detail)
-        self._save(obligation, f"abandoned ({abandon_reason.value})")
+        self.change(
+            obligation_id,
+            f"abandoned ({abandon_reason.value})",
+            lambda obligation: obligation.abandon(
+                reason=abandon_reason, now=self.clock(), by=self.owner, detail=detail
+            ),
+        )
 
     # -- recovery (application/delivery/recovery.py, ADR 0007) --------------------------------
 
@@ -354,7 +389,7 @@ class DeliveryLedger(Application[UUID], ABC):
     # -- reads --------------------------------------------------------------------------------
 
     def get(self, obligation_id: str) -> ObligationStatus:
-        return ObligationStatus.of(self._load(obligation_id))
+        return ObligationStatus.of(self.load(obligation_id))
 
     @overload
     def history(self, obligation_id: str) -> list[HistoryEntry]: ...
@@ -421,9 +456,12 @@ class DeliveryLedger(Application[UUID], ABC):
         """Every lookup takes an id as a record does: refused (InvalidInput) the same way."""
         if not isinstance(obligation_id, str) or not obligation_id:
             raise InvalidInput("obligation_id must be a non-empty str")
-        return obligation_uuid(require_obligation_id(obligation_id))
+        return _checked_uuid(obligation_id)
 
-    def _load(self, obligation_id: str) -> DeliveryObligation:
+    # -- the write path of the synchronous API ---------------------------------------------
+
+    def load(self, obligation_id: str) -> DeliveryObligation:
+        """The obligation as stored now (``NotFound`` if it was never recorded)."""
         try:
             aggregate: DeliveryObligation = self.repository.get(self._uuid(obligation_id))
         except AggregateNotFoundError:
@@ -431,9 +469,15 @@ class DeliveryLedger(Application[UUID], ABC):
         assert isinstance(aggregate, DeliveryObligation)
         return aggregate
 
-    def _save(self, obligation: DeliveryObligation, transition: str) -> None:
+    def save_transition(self, obligation: DeliveryObligation, transition: str) -> None:
+        """Append the obligation's pending events at its next versions.
+
+        ``ConcurrentUpdate`` when another writer appended first (the aggregate version is
+        the lock): nothing of it is stored; reload and decide again. ``transition`` names
+        the change in that error and in the log.
+        """
         try:
-            self.save(obligation)
+            self._store(obligation)
         except IntegrityError:
             log.info(
                 "obligation %s: %s lost to a concurrent writer",
@@ -444,3 +488,42 @@ class DeliveryLedger(Application[UUID], ABC):
                 "DeliveryObligation", obligation.obligation_id, transition
             ) from None
         log.debug("obligation %s %s v%d", obligation.obligation_id, transition, obligation.version)
+
+    def change(
+        self,
+        obligation_id: str,
+        transition: str,
+        decide: Callable[[DeliveryObligation], object],
+    ) -> DeliveryObligation:
+        """Let ``decide`` run one of the obligation's commands, then append what it decided;
+        returns the obligation as changed.
+
+        The obligation this ledger wrote last is kept decrypted (``kept``), so a
+        lifecycle's next change needs no reload. A kept copy may be behind the store
+        (another process wrote since): a write on top of it fails on the version, and so
+        does not count; the change is then decided again on the obligation as stored now,
+        exactly as without the copy (and so is one the copy refused). Only a change
+        decided on the stored state raises ``ConcurrentUpdate`` or the refusal.
+        """
+        kept: DeliveryObligation | None = self.kept.take(self._uuid(obligation_id))
+        if kept is not None:
+            try:
+                decide(kept)
+                self._store(kept)
+            except IntegrityError:
+                log.debug("obligation %s changed since it was kept: reloaded", obligation_id)
+            except LedgerError:
+                pass  # refused on the kept copy: the stored state decides
+            else:
+                self.kept.keep(kept)
+                log.debug("obligation %s %s v%d", obligation_id, transition, kept.version)
+                return kept
+        obligation = self.load(obligation_id)
+        decide(obligation)
+        self.save_transition(obligation, transition)
+        self.kept.keep(obligation)
+        return obligation
+
+    def _store(self, obligation: DeliveryObligation) -> None:
+        """The obligation's pending events, through the application's one write path."""
+        self.sealed_events.append(obligation.collect_events())

@@ -95,6 +95,19 @@ class Loaded(Protocol):
 # -- the ledger, as its use cases see it -------------------------------------------------
 
 
+class KeptAggregates(Protocol):
+    """Aggregates kept decrypted between one write of this process and its next."""
+
+    def take(self, aggregate_id: UUID) -> Any | None: ...
+    def keep(self, aggregate: Any) -> None: ...
+
+
+class EventAppender(Protocol):
+    """The one write path: appends an aggregate's new events (sealed, with their keys)."""
+
+    def append(self, domain_events: Sequence[Any], **kwargs: Any) -> None: ...
+
+
 class LedgerPort(Protocol):
     """The delivery ledger as the sweep, the operators' queries and erasure use it."""
 
@@ -131,9 +144,16 @@ class LedgerPort(Protocol):
 
     def load_each(self, aggregate_ids: Sequence[UUID]) -> Loaded: ...
 
-    def _load(self, obligation_id: str) -> DeliveryObligation: ...
+    def load(self, obligation_id: str) -> DeliveryObligation: ...
 
-    def _save(self, obligation: DeliveryObligation, transition: str) -> None: ...
+    def save_transition(self, obligation: DeliveryObligation, transition: str) -> None: ...
+
+    def change(
+        self,
+        obligation_id: str,
+        transition: str,
+        decide: Callable[[DeliveryObligation], object],
+    ) -> DeliveryObligation: ...
 
 
 # -- the gateway's writer ----------------------------------------------------------------

@@ -222,9 +222,11 @@ def timeline(ledger: LedgerPort, obligation_id: str, at: datetime | None = None)
 def request_retry(ledger: LedgerPort, obligation_id: str, by_operator: str) -> ObligationStatus:
     """Append ``RetryRequested``; refused (IllegalTransition) on a final obligation."""
     require_clear_text("by_operator", by_operator, allow_empty=True)
-    obligation = ledger._load(obligation_id)
-    obligation.request_retry(by=ledger.owner, now=ledger.clock(), requested_by=by_operator)
-    ledger._save(obligation, "retry requested")
+    obligation = ledger.change(
+        obligation_id,
+        "retry requested",
+        lambda o: o.request_retry(by=ledger.owner, now=ledger.clock(), requested_by=by_operator),
+    )
     log.info(
         "obligation %s retry requested (fence %d, marker %s)",
         obligation_id,

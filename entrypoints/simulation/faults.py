@@ -544,7 +544,8 @@ class FaultPlan:
     # -- poison ---------------------------------------------------------------------------------
 
     def _poison(self, when: str) -> bool:
-        table = EventTable(self.sim.db, self.ledger.recorder.events_table_name)
+        recorder: Any = self.ledger.recorder  # the SQLite recorder: the simulation runs on SQLite
+        table = EventTable(self.sim.db, recorder.events_table_name)
         candidates = [
             self._by_uuid[str(u)]
             for u in table.delivered()

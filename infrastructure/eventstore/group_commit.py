@@ -2,9 +2,11 @@
 
 The event loop never touches the store. Coroutines hand their pending events to the
 writer and await a future; the writer takes everything queued since its last commit,
-appends it in one transaction (one fsync; ``infrastructure/eventstore/event_append.py``)
-and resolves every future. There is no timer: while one commit runs, the next group queues up, so a
-single conversation pays no added latency and 64 conversations share their fsyncs.
+appends it in one transaction (one fsync), through the application's one write path
+(its event store's ``append``, ``infrastructure/eventstore/library.py``, the same as every
+other write), and resolves every future. There is no timer: while one commit runs, the
+next group queues up, so a single conversation pays no added latency and 64
+conversations share their fsyncs.
 
 The handoffs are kept thin because a lone conversation pays one round trip per reply:
 jobs travel on a ``SimpleQueue`` (one wake-up of the writer, no condition-variable
@@ -47,7 +49,7 @@ from eventsourcing.application import Application
 from eventsourcing.persistence import IntegrityError
 
 from gateway_ledger.domain.errors import ConcurrentUpdate, LedgerError, SessionErased
-from gateway_ledger.infrastructure.eventstore.event_append import Append, appender_for
+from gateway_ledger.infrastructure.eventstore.library import SealedEventStore
 from gateway_ledger.infrastructure.loop_waker import LoopWaker, close_wakers, waker_for
 
 log = logging.getLogger("gateway_ledger.group_commit")
@@ -56,6 +58,9 @@ T = TypeVar("T")
 
 DEFAULT_LINGER = 0.02
 """Seconds a write-behind job may wait for a group to join before it is committed alone."""
+
+Append = Callable[[Sequence[Any]], object]
+"""Stores events in one durable transaction (the application's ``events.append``)."""
 
 _FLUSH = object()
 """Queued to make the writer commit the write-behind jobs now."""
@@ -150,7 +155,10 @@ class GroupCommitWriter:
         self.stats = WriterStats()
         # ``append`` stores events in one durable transaction; raising the library's
         # IntegrityError on a version clash (a slower stand-in simulates a slow disk).
-        self._append = append or appender_for(app)
+        events = app.events
+        self._append: Append = append or (
+            events.append if isinstance(events, SealedEventStore) else events.put
+        )
         self._queue: queue.SimpleQueue[_Job | object | None] = queue.SimpleQueue()
         self._behind: list[_Job] = []  # write-behind jobs waiting for the next group
         self._behind_unsettled = 0  # submitted behind and not settled yet (under _cond)
@@ -298,10 +306,7 @@ class GroupCommitWriter:
         self._thread.join(timeout)
         self._reader.shutdown(wait=True)
         if self._thread.is_alive():
-            return  # still writing: its connection and wakers stay open
-        close = getattr(self._append, "close", None)
-        if close is not None:
-            close()
+            return  # still writing: its wakers stay open
         close_wakers(self._wakers)
 
     # -- writer thread ----------------------------------------------------------------------

@@ -1,74 +1,147 @@
-"""The library's recorders, storing new data keys in the transaction of their events.
+"""The SQLite recorder every write goes through: events and their new data keys, one commit.
 
-Events sealed for a subject seen for the first time need its data key stored; writing the
-key in the events' own transaction costs no write of its own and can never leave a sealed
-event without its key (ADR 0017). The group-commit writer does that itself on SQLite; these
-recorders do it for everything that goes through ``Application.save`` (the synchronous API,
-the session store, operator commands, and on PostgreSQL the group-commit writer too),
-chosen through the library's ``APPLICATION_RECORDER_TOPIC`` (``PrivateEvents.construct_env``).
+A write hands its stored events to ``insert_events`` with the data keys it sealed them
+with (``keys``, a ``WriteKeys``: see ``infrastructure/eventstore/library.py``). One
+transaction then checks that the stored keys it used are still there (``SessionErased``
+otherwise, ADR 0028), inserts the rows of the keys it created (``KeyRaceLost`` if another
+writer stored one of those subjects' keys first, ADR 0017), and appends the events; a
+duplicate (aggregate id, version) raises the library's ``IntegrityError``, which is the
+optimistic lock.
+
+Writes use one connection of the recorder's own, kept open, in ``BEGIN IMMEDIATE``
+transactions: the write lock is taken before the first read, so the key check always
+reads the latest state and never has to upgrade a read lock (which fails at once, without
+a busy wait, when another connection committed in between). Reads keep the library's
+pooled connections. Same file, same table and INSERT statement, same ``synchronous``
+(SQLite's default, FULL), same busy timeout as the library's own connections.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
+from uuid import UUID
 
-from eventsourcing.persistence import StoredEvent
-from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteCursor
+from eventsourcing.persistence import (
+    DatabaseError,
+    IntegrityError,
+    OperationalError,
+    PersistenceError,
+    StoredEvent,
+)
+from eventsourcing.sqlite import SQLITE3_DEFAULT_LOCK_TIMEOUT, SQLiteApplicationRecorder
 
 from gateway_ledger.infrastructure.privacy.key_table import insert_staged_keys, require_live_keys
-from gateway_ledger.infrastructure.privacy.keyring import StagedKeys
+from gateway_ledger.infrastructure.privacy.keyring import WriteKeys
 
 
-class KeyStaging:
-    """This thread's staged key rows (``KeyRing.writing_new_keys``), for the next insert."""
+class KeyedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
+    """The library's SQLite recorder, whose writes also store the data keys they name."""
 
-    stages_keys = True
-    """False where the events' transaction cannot carry them (the caller then lets the key
-    table write them first, on its own connection)."""
+    stores_keys = True
+    """Its transaction carries a write's new key rows (see ``WriteKeys``)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._staging = threading.local()
+        self._conn: sqlite3.Connection | None = None
+        self._lock = threading.Lock()
+        self._in_memory = self.datastore.pool.is_sqlite_memory_mode
 
-    @contextlib.contextmanager
-    def keys_from(self, staged: StagedKeys) -> Iterator[None]:
-        """Within (on this thread): events inserted carry ``staged``'s new key rows along."""
-        self._staging.keys = staged
-        try:
-            yield
-        finally:
-            self._staging.keys = None
-
-    def staged_rows(self) -> Sequence[tuple[Any, ...]]:
-        staged: StagedKeys | None = getattr(self._staging, "keys", None)
-        return staged.rows if staged is not None else ()
-
-    def staged_used(self) -> dict[str, str]:
-        """The stored keys (subject -> key id) this thread's events were sealed with."""
-        staged: StagedKeys | None = getattr(self._staging, "keys", None)
-        return staged.used if staged is not None else {}
-
-
-class KeyedSQLiteApplicationRecorder(KeyStaging, SQLiteApplicationRecorder):
-    """Inserts this thread's staged key rows before the events, then checks that the
-    stored keys the events were sealed with are still there (ADR 0028).
-
-    The check comes after the first write: the library opens a deferred ``BEGIN``, and a
-    read first would make the write an upgrade that fails at once ("database is locked",
-    no busy wait) whenever another connection committed in between. Once this connection
-    writes it holds the write lock, so the check reads the latest state.
-    """
-
-    def _insert_events(
-        self, c: SQLiteCursor, stored_events: Sequence[StoredEvent], **kwargs: Any
+    def insert_events(
+        self, stored_events: Sequence[StoredEvent], **kwargs: Any
     ) -> Sequence[int] | None:
-        # KeyRaceLost or SessionErased: the library's transaction rolls back.
-        rows = self.staged_rows()
-        if rows:
-            insert_staged_keys(c.sqlite_cursor, rows)
-        ids = super()._insert_events(c, stored_events, **kwargs)
-        require_live_keys(c.sqlite_cursor, self.staged_used())
+        """Append the events in one durable transaction, with the new key rows of ``keys``;
+        returns their notification ids, unless ``notification_ids=False`` (nobody asks:
+        one statement for all the rows then)."""
+        keys: WriteKeys | None = kwargs.get("keys")
+        with_ids: bool = kwargs.get("notification_ids", True)
+        rows = [
+            (
+                s.originator_id.hex if isinstance(s.originator_id, UUID) else s.originator_id,
+                s.originator_version,
+                s.topic,
+                s.state,
+            )
+            for s in stored_events
+        ]
+        if self._in_memory:  # one database per connection there
+            with self.datastore.transaction(commit=True) as c:
+                return self._append(c.sqlite_cursor, rows, keys, with_ids)
+        with self._lock:
+            conn = self._conn or self._connection()
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    ids = self._append(conn.cursor(), rows, keys, with_ids)
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+            except sqlite3.IntegrityError as e:
+                raise IntegrityError(e) from e
+            except sqlite3.OperationalError as e:
+                self._reset()
+                raise OperationalError(e) from e
+            except sqlite3.DatabaseError as e:
+                self._reset()
+                raise DatabaseError(e) from e
+            except sqlite3.Error as e:
+                self._reset()
+                raise PersistenceError(e) from e
         return ids
+
+    def _append(
+        self,
+        cursor: sqlite3.Cursor,
+        rows: list[tuple[Any, ...]],
+        keys: WriteKeys | None,
+        with_ids: bool,
+    ) -> list[int] | None:
+        """In the caller's write transaction: keys first (roll back on a refusal), events."""
+        if keys is not None:
+            if keys.used:
+                require_live_keys(cursor, keys.used)  # SessionErased
+            if keys.rows:
+                insert_staged_keys(cursor, keys.rows)  # KeyRaceLost
+        statement = self.insert_events_statement
+        if not with_ids:
+            cursor.executemany(statement, rows)
+            return None
+        ids: list[int] = []
+        for row in rows:
+            cursor.execute(statement, row)
+            ids.append(int(cursor.lastrowid or 0))
+        return ids
+
+    def synchronous(self) -> int:
+        """The write connection's ``PRAGMA synchronous`` (2 = FULL); for benchmarks, tests."""
+        with self._lock:
+            return int(self._connection().execute("PRAGMA synchronous").fetchone()[0])
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            pool = self.datastore.pool
+            self._conn = sqlite3.connect(
+                pool.db_name,
+                uri=True,
+                timeout=pool.lock_timeout or SQLITE3_DEFAULT_LOCK_TIMEOUT,
+                isolation_level=None,  # explicit transactions
+                check_same_thread=False,
+            )
+        return self._conn
+
+    def _reset(self) -> None:
+        """After a store error, reconnect next time (the file may have been replaced)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+
+    def close(self) -> None:
+        """Close the write connection (the pool's are closed with the application)."""
+        with self._lock:
+            self._reset()

@@ -18,8 +18,8 @@ from eventsourcing.postgres import PostgresApplicationRecorder
 from psycopg import sql
 
 from gateway_ledger.domain.errors import InvalidInput, NotAStore
-from gateway_ledger.infrastructure.eventstore.keyed_recorder import KeyStaging
 from gateway_ledger.infrastructure.privacy.key_table import KEYS_TABLE, KeyRaceLost, erased_among
+from gateway_ledger.infrastructure.privacy.keyring import WriteKeys
 
 _SCHEMA_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
@@ -143,37 +143,39 @@ def environment_params(env: Mapping[str, str]) -> dict[str, str]:
     }
 
 
-class KeyedPostgresApplicationRecorder(KeyStaging, PostgresApplicationRecorder):
-    """Inserts this thread's staged key rows in the events' transaction (ADR 0023).
+class KeyedPostgresApplicationRecorder(PostgresApplicationRecorder):
+    """Stores a write's new key rows in the events' transaction (ADR 0023).
 
-    The library calls ``_insert_events`` first in that transaction, before it locks the
-    events table; a row for a subject whose key another writer stored meanwhile is
-    skipped (``ON CONFLICT DO NOTHING``, after waiting for that writer's commit), and
-    ``KeyRaceLost`` rolls the whole transaction back. Before that, the stored keys the
-    events were sealed with are read ``FOR KEY SHARE``: an erasure's DELETE of one of
-    them then waits for this commit (and its second pass abandons what it wrote), or it
-    came first and ``SessionErased`` rolls this transaction back (ADR 0028).
+    The write's ``keys`` (a ``WriteKeys``) reach ``_insert_events`` through the library's
+    ``insert_events(stored_events, **kwargs)``, the channel its own examples extend; the
+    library calls it first in that transaction, before it locks the events table. A row
+    for a subject whose key another writer stored meanwhile is skipped (``ON CONFLICT DO
+    NOTHING``, after waiting for that writer's commit), and ``KeyRaceLost`` rolls the whole
+    transaction back. Before that, the stored keys the events were sealed with are read
+    ``FOR KEY SHARE``: an erasure's DELETE of one of them then waits for this commit (and
+    its second pass abandons what it wrote), or it came first and ``SessionErased`` rolls
+    this transaction back (ADR 0028).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # With the library's database functions the hook below is never called.
-        self.stages_keys = not self.datastore.enable_db_functions
+        self.stores_keys = not self.datastore.enable_db_functions
         self._keys = sql.Identifier(self.datastore.schema, KEYS_TABLE)
 
     def _insert_events(
         self, curs: Any, stored_events: Sequence[StoredEvent], **kwargs: Any
     ) -> None:
-        used = self.staged_used()
-        if used:
+        keys: WriteKeys | None = kwargs.get("keys")
+        if keys is not None and keys.used:
             curs.execute(
                 sql.SQL(
                     "SELECT subject_id, key_id FROM {} WHERE subject_id = ANY(%s) FOR KEY SHARE"
                 ).format(self._keys),
-                (list(used),),
+                (list(keys.used),),
             )
-            erased_among(used, [_pair(row) for row in curs.fetchall()])
-        rows = self.staged_rows()
+            erased_among(keys.used, [_pair(row) for row in curs.fetchall()])
+        rows = keys.rows if keys is not None else ()
         if rows:
             curs.execute(
                 sql.SQL(
@@ -185,6 +187,9 @@ class KeyedPostgresApplicationRecorder(KeyStaging, PostgresApplicationRecorder):
             if len(curs.fetchall()) != len(rows):
                 raise KeyRaceLost
         super()._insert_events(curs, stored_events, **kwargs)
+
+    def close(self) -> None:
+        """Nothing of its own to close: its connections are the pool's."""
 
 
 def _pair(row: Any) -> tuple[str, str]:

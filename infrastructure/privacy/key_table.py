@@ -10,18 +10,18 @@ that keeps SQLite from truncating its WAL, or a transaction that keeps ``VACUUM 
 from its lock, leaves it pending, marked in the meta table, and the next erasure or
 ``finish_cleanup`` completes it (ADR 0028). The key itself is gone at once either way.
 
-A new subject's key row is inserted in the same transaction as the events sealed with it:
-by the group-commit writer's appender on SQLite (ADR 0017), and by the applications'
-recorders on both stores (ADRs 0019, 0023). Where no such transaction can carry it (the
-library's database functions on PostgreSQL, or a mapping outside a save), the row is
-written before the events, on a private connection of the key table's own (one round
-trip per statement). On SQLite it commits with ``synchronous=NORMAL`` and on PostgreSQL
-with ``synchronous_commit=off``: both logs are sequential, so the fsync of the event's
-own commit makes the earlier key row durable too.
+A new subject's key row is inserted in the same transaction as the events sealed with it,
+by the recorder every write goes through, on both stores (ADRs 0017, 0019, 0023). Where no
+such transaction can carry it (the library's database functions on PostgreSQL, or a
+mapping outside a write), the row is written before the events, on a private connection
+of the key table's own (one round trip per statement). On SQLite it commits with
+``synchronous=NORMAL`` and on PostgreSQL with ``synchronous_commit=off``: both logs are
+sequential, so the fsync of the event's own commit makes the earlier key row durable too.
 """
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 import threading
 import time
@@ -81,12 +81,15 @@ def require_live_keys(cursor: sqlite3.Cursor, used: Mapping[str, str]) -> None:
         return
     rows = []
     for chunk in _chunks(sorted(used)):
-        marks = ", ".join("?" * len(chunk))
-        rows += cursor.execute(
-            f"SELECT subject_id, key_id FROM {KEYS_TABLE} WHERE subject_id IN ({marks})",
-            chunk,
-        ).fetchall()
+        rows += cursor.execute(_select_keys_of(len(chunk)), chunk).fetchall()
     erased_among(used, rows)
+
+
+@functools.lru_cache(maxsize=64)
+def _select_keys_of(count: int) -> str:
+    """The stored keys of ``count`` subjects (one statement text per count, reused)."""
+    marks = ", ".join("?" * count)
+    return f"SELECT subject_id, key_id FROM {KEYS_TABLE} WHERE subject_id IN ({marks})"
 
 
 def _chunks(items: Sequence[str], size: int = 500) -> Iterator[list[str]]:

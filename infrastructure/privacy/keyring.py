@@ -7,10 +7,11 @@ after an erasure elsewhere, this process stops using the destroyed key within th
 and a write sealed with it meanwhile is refused by its own transaction (``SessionErased``,
 ADR 0028), which makes every key ring here forget the key at once.
 
-A writer that stores events in a transaction of its own can create the keys they need
-in that same transaction (:meth:`KeyRing.writing_new_keys`): the new key is usable at
-once by the staging thread, its row is written with the events, and it joins the shared
-cache only once that commit succeeded (ADR 0017).
+Every write creates the keys its events need in its own transaction (:meth:`KeyRing.writing`):
+the write carries a :class:`WriteKeys`, passed explicitly from the mapping of its events to
+the recorder that stores them; a new key is usable by that write at once, its row is
+stored with the write's events, and it joins the shared cache only once that commit
+succeeded (ADR 0017).
 """
 
 from __future__ import annotations
@@ -65,10 +66,14 @@ NewKeyRow = tuple[str, str, bytes, str]
 """(subject_id, key_id, wrapped key, created_at): a key table row, as inserted."""
 
 
-class StagedKeys:
-    """Keys created inside one writer's transaction: usable by it, cached after commit;
-    and the stored keys it sealed with (``used``: subject -> key id), which the
-    transaction checks are still there (ADR 0028)."""
+class WriteKeys:
+    """The data keys one write seals its events with, handed with the events to the
+    recorder: the keys created for it (``keys``; their ``rows`` are stored in the events'
+    transaction, and the keys are shared once it committed), and the stored keys it used
+    (``used``: subject -> key id), which that transaction checks are still there
+    (ADR 0028)."""
+
+    __slots__ = ("keys", "rows", "used")
 
     def __init__(self) -> None:
         self.keys: dict[str, tuple[str, AESGCM]] = {}
@@ -114,7 +119,6 @@ class KeyRing:
         # subject_id -> (expires, key_id, AESGCM): read on every sealed event, so a plain
         # dict (one atomic lookup) rather than the locked LRU; cleared when full.
         self._sealing: dict[str, tuple[float, str, AESGCM]] = {}
-        self._staged = threading.local()
         # key_id -> (expires, (subject_id, AESGCM) or None when destroyed): same reasoning.
         self._opening: dict[str, tuple[float, tuple[str, AESGCM] | None]] = {}
         self._init_lock = threading.Lock()
@@ -122,6 +126,7 @@ class KeyRing:
         self._name_key = b""
         self._master_for_derivation: bytes | None = None
         self._names: dict[str, str] = {}  # session key -> subject id (pure function, cached)
+        self._on_evict: list[Callable[[str], object]] = []
         _keyrings.add(self)
 
     # -- set-up -----------------------------------------------------------------------------
@@ -207,24 +212,29 @@ class KeyRing:
         self._names[session_key] = name
         return name
 
-    def sealing_key(self, subject_id: str) -> tuple[str, AESGCM]:
-        """The subject's current data key, created (and stored wrapped) on first use."""
-        staged: StagedKeys | None = getattr(self._staged, "keys", None)
+    def sealing_key(self, subject_id: str, write: WriteKeys | None = None) -> tuple[str, AESGCM]:
+        """The subject's current data key, created on first use.
+
+        Within a ``write`` (see :meth:`writing`) a new key is noted in it, to be stored by
+        the write's own transaction, and a stored key is noted as used. Without one (a
+        mapping outside any write) a new key is stored at once, on the key table's own
+        connection.
+        """
         hot = self._sealing.get(subject_id)
         if hot is not None and hot[0] > time.monotonic():
-            if staged is not None:
-                staged.used[subject_id] = hot[1]
+            if write is not None:
+                write.used[subject_id] = hot[1]
             return hot[1], hot[2]
-        if staged is not None and subject_id in staged.keys:
-            return staged.keys[subject_id]
+        if write is not None and subject_id in write.keys:
+            return write.keys[subject_id]
         table = self.table
         row = table.find(subject_id)
         if row is None:
             key_id, dek, wrapped, created = self._new_key(subject_id)
-            if staged is not None:  # written with the staging writer's events
+            if write is not None:  # stored with the write's events
                 aead = AESGCM(dek)
-                staged.keys[subject_id] = (key_id, aead)
-                staged.rows.append((subject_id, key_id, wrapped, created))
+                write.keys[subject_id] = (key_id, aead)
+                write.rows.append((subject_id, key_id, wrapped, created))
                 return key_id, aead
             if table.insert(key_id, subject_id, wrapped, created):
                 aead = AESGCM(dek)
@@ -235,8 +245,8 @@ class KeyRing:
         if row is not None:
             key_id, wrapped = row
             aead = AESGCM(self._unwrap_key(key_id, subject_id, wrapped))
-            if staged is not None:
-                staged.used[subject_id] = key_id
+            if write is not None:
+                write.used[subject_id] = key_id
         self._cache(subject_id, key_id, aead)
         return key_id, aead
 
@@ -253,43 +263,39 @@ class KeyRing:
         self._sealing[subject_id] = (now + self.ttl, key_id, aead)
         self._remember_opening(key_id, (subject_id, aead), now)
 
-    def writing_new_keys(self, write: Callable[[StagedKeys], T]) -> T:
-        """Run ``write`` (map events and store them, new key rows first, in one transaction)
-        with new keys staged: on this thread, a new subject's key is then created in
-        memory, not stored. ``write`` stores the staged rows in the transaction that
-        stores the events sealed with them; once it returned, the keys are shared with
-        every thread. If it raised, they are forgotten with the events that used them.
+    def writing(self, write: Callable[[WriteKeys], T]) -> T:
+        """Run ``write`` (seal events with the :class:`WriteKeys` it is given, then store
+        them and that object's new key rows in one transaction) and share the new keys
+        once it returned. If it raised, they are forgotten with the events that used them.
 
         ``write`` raises :class:`KeyRaceLost` when a key row was ignored because another
-        writer stored that subject's key meanwhile; it runs again, and the mapping then
-        finds the stored key (one key per subject). It raises ``SessionErased`` when a
-        stored key it sealed with was destroyed meanwhile (``StagedKeys.used``): that is
-        passed on, and the destroyed key is forgotten by every key ring of the process.
+        writer stored that subject's key meanwhile; it runs again with fresh ``WriteKeys``,
+        and the sealing then finds the stored key (one key per subject). It raises
+        ``SessionErased`` when a stored key it sealed with was destroyed meanwhile
+        (``WriteKeys.used``): that is passed on, and the destroyed key is forgotten by
+        every key ring of the process.
         """
         for _ in range(KEY_RACE_RETRIES):
-            staged = StagedKeys()
-            self._staged.keys = staged
+            keys = WriteKeys()
             try:
-                result = write(staged)
+                result = write(keys)
             except KeyRaceLost:
                 continue
             except SessionErased as erased:
                 for subject_id in erased.subject_ids:
-                    evict_everywhere(subject_id, [staged.used.get(subject_id, "")])
+                    evict_everywhere(subject_id, [keys.used.get(subject_id, "")])
                 log.info("write refused: %d subject(s) erased meanwhile", len(erased.subject_ids))
                 raise
-            finally:
-                self._staged.keys = None
-            self.adopt(staged)
+            self.adopt(keys)
             return result
         raise OperationalError("another writer kept creating the same subjects' data keys")
 
-    def adopt(self, staged: StagedKeys) -> None:
-        """The staged rows are committed: share their keys with every thread."""
-        for subject_id, (key_id, aead) in staged.keys.items():
+    def adopt(self, keys: WriteKeys) -> None:
+        """The write's new key rows are committed: share their keys with every thread."""
+        for subject_id, (key_id, aead) in keys.keys.items():
             self._cache(subject_id, key_id, aead)
-        if staged.rows:
-            log.debug("data keys created for %d subject(s)", len(staged.rows))
+        if keys.rows:
+            log.debug("data keys created for %d subject(s)", len(keys.rows))
 
     def opening_key(self, subject_id: str, key_id: str) -> tuple[str, AESGCM] | None:
         """The subject's key with this id, or None when it was destroyed (erased)."""
@@ -336,11 +342,20 @@ class KeyRing:
         return destroyed
 
     def evict(self, subject_id: str, key_ids: list[str]) -> None:
+        """Forget the subject's keys here, and tell whoever keeps data they opened."""
         self._sealing.pop(subject_id, None)
         gone = set(key_ids)
         for key_id, (_, value) in list(self._opening.items()):
             if key_id in gone or (value is not None and value[0] == subject_id):
                 self._opening.pop(key_id, None)
+        for forget in list(self._on_evict):
+            forget(subject_id)
+
+    def on_evict(self, forget: Callable[[str], object]) -> None:
+        """Call ``forget(subject_id)`` whenever a subject's keys are forgotten here (its key
+        destroyed by an erasure in this process, or found destroyed by a write): for
+        caches of data opened with them, which must go with the key."""
+        self._on_evict.append(forget)
 
     # -- wrapping ---------------------------------------------------------------------------
 

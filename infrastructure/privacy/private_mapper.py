@@ -24,9 +24,10 @@ import contextlib
 import dataclasses
 import logging
 from binascii import a2b_base64, b2a_base64
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
-from typing import Any, ClassVar
+from typing import Any
 from uuid import UUID
 
 import attrs
@@ -34,7 +35,6 @@ import orjson
 from cryptography.exceptions import InvalidTag
 from eventsourcing.domain import Snapshot
 from eventsourcing.persistence import (
-    InfrastructureFactory,
     Mapper,
     MapperDeserialisationError,
     StoredEvent,
@@ -46,13 +46,7 @@ from eventsourcing.utils import TopicError, get_topic, resolve_topic
 from gateway_ledger.application.privacy.policy import PrivacyPolicy, SealedEvent
 from gateway_ledger.domain.errors import UndecodableEvent
 from gateway_ledger.domain.values import QuarantineReason
-from gateway_ledger.infrastructure.eventstore.keyed_recorder import (
-    KeyedSQLiteApplicationRecorder,
-    KeyStaging,
-)
-from gateway_ledger.infrastructure.eventstore.store import store_path
-from gateway_ledger.infrastructure.privacy.key_table import key_table_for
-from gateway_ledger.infrastructure.privacy.keyring import KeyRing, StagedKeys
+from gateway_ledger.infrastructure.privacy.keyring import KeyRing, WriteKeys
 from gateway_ledger.infrastructure.randomness import shared_pool
 
 log = logging.getLogger("gateway_ledger.privacy")
@@ -66,15 +60,6 @@ unlike ``[erased]``, the key exists and the ciphertext does not open with it."""
 
 SEALED = "_sealed_"
 ENCRYPT_ENV = "GATEWAY_LEDGER_ENCRYPT"
-RECORDER_TOPIC = InfrastructureFactory.APPLICATION_RECORDER_TOPIC
-_OFF = {"0", "n", "no", "false", "off"}
-_KEYED_RECORDERS = {
-    "eventsourcing.sqlite": get_topic(KeyedSQLiteApplicationRecorder),
-    # By name: importing it would import psycopg into every SQLite user.
-    "eventsourcing.postgres": (
-        "gateway_ledger.infrastructure.eventstore.postgres:KeyedPostgresApplicationRecorder"
-    ),
-}
 _MAX_REMEMBERED = 100_000
 _STATE_ONLY: ContextVar[bool] = ContextVar("gateway_ledger_state_only", default=False)
 _KEEP_SEALED: ContextVar[bool] = ContextVar("gateway_ledger_keep_sealed", default=False)
@@ -305,7 +290,7 @@ class PrivateMapper(Mapper[UUID]):
         self.keyring = keyring
         self.encrypt = encrypt
         self.first_event = first_event
-        self._subjects: dict[str, str] = {}
+        self._subjects: OrderedDict[str, str] = OrderedDict()  # oldest first
         self._random = shared_pool
         self._classes: dict[type, _EventClass] = {}
         self._tagged_with = getattr(transcoder, "tagged_with", None)
@@ -338,15 +323,24 @@ class PrivateMapper(Mapper[UUID]):
                 self._remember(key, subject)
         return subject
 
+    def remembered_subject(self, originator_id: UUID) -> str | None:
+        """The subject of an aggregate whose sealed events this mapper sealed or opened
+        (None: not known here); never reads the store."""
+        return self._subjects.get(str(originator_id))
+
     def _remember(self, originator_id: str, subject: str) -> None:
-        if len(self._subjects) >= _MAX_REMEMBERED:
-            with contextlib.suppress(StopIteration, KeyError, RuntimeError):
-                del self._subjects[next(iter(self._subjects))]
-        self._subjects[originator_id] = subject
+        subjects = self._subjects
+        if originator_id not in subjects and len(subjects) >= _MAX_REMEMBERED:
+            with contextlib.suppress(KeyError):  # another thread emptied it meanwhile
+                subjects.popitem(last=False)
+        subjects[originator_id] = subject
 
     # -- writing ----------------------------------------------------------------------------
 
-    def to_stored_event(self, domain_event: Any) -> StoredEvent:
+    def to_stored_event(self, domain_event: Any, keys: WriteKeys | None = None) -> StoredEvent:
+        """The stored event, its personal fields sealed; with the data keys of the write
+        that stores it (``keys``, see ``KeyRing.writing``), or, outside any write, with
+        keys stored at once."""
         facts = self._event_class(domain_event.__class__)
         topic = facts.topic
         state = domain_event.__dict__.copy()
@@ -368,6 +362,7 @@ class PrivateMapper(Mapper[UUID]):
                             originator_id,
                             originator_version,
                             topic,
+                            keys,
                         )
                         state[SEALED] = envelope
             elif facts.spec is not None:
@@ -376,7 +371,7 @@ class PrivateMapper(Mapper[UUID]):
                 found = self._subject_for(facts.spec, state, originator_id, oid_text)
                 if found is not None:
                     state[SEALED] = self._seal(
-                        facts.plan, state, found, oid_text, originator_version, topic
+                        facts.plan, state, found, oid_text, originator_version, topic, keys
                     )
         return StoredEvent(
             originator_id=originator_id,
@@ -407,6 +402,7 @@ class PrivateMapper(Mapper[UUID]):
         originator_id: Any,
         version: int,
         topic: str,
+        keys: WriteKeys | None,
     ) -> dict[str, str]:
         """Move the fields' values out of ``state`` into one ciphertext; return the envelope."""
         secret: dict[str, Any] = {}
@@ -429,7 +425,7 @@ class PrivateMapper(Mapper[UUID]):
                 state[head] = self._placeholders(holder, changes)
         if not secret:
             return {"s": subject}
-        key_id, aead = self.keyring.sealing_key(subject)
+        key_id, aead = self.keyring.sealing_key(subject, keys)
         nonce = self._random.take(12)
         aad = _aad(subject, key_id, originator_id, version, topic)
         sealed = aead.encrypt(nonce, self.transcoder.encode(secret), aad)
@@ -652,88 +648,3 @@ class PrivateMapper(Mapper[UUID]):
             }
             if changes:
                 state[head] = _with_placeholders(holder, changes)
-
-
-class PrivateEvents:
-    """Mixin for an eventsourcing Application whose events may hold personal data.
-
-    Set ``privacy_policy``; encryption is on unless the environment says
-    ``GATEWAY_LEDGER_ENCRYPT=n`` (the applications' ``encrypt=False`` sets it). Reading
-    always opens sealed events, whatever the setting.
-    """
-
-    privacy_policy: ClassVar[PrivacyPolicy] = PrivacyPolicy()
-    check_key_at_open: bool = True
-    """False for a gateway: it must start and send even without its key, and says at
-    ``start()`` that every reply goes untracked (the key is still never made for sealed
-    data, and nothing is written without it)."""
-    env: Any
-    recorder: Any
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        """Open the store, then check its master key before anything reads or writes: a
-        malformed or unsafe key, or none beside sealed data, is refused here, not later
-        in the middle of a command (and a new key is never made for sealed data)."""
-        super().__init__(*args, **kwargs)
-        try:
-            if self.check_key_at_open:
-                self.private_mapper.keyring.check_master_key()
-        except BaseException:
-            PrivateEvents.close(self)
-            raise
-
-    def construct_env(self, name: str, env: Any = None) -> Any:
-        """The recorder that stores new data keys with their events, on either store."""
-        environment = super().construct_env(name, env)  # type: ignore[misc]
-        module = environment.get("PERSISTENCE_MODULE")
-        if not environment.get(RECORDER_TOPIC) and module in _KEYED_RECORDERS:
-            environment[RECORDER_TOPIC] = _KEYED_RECORDERS[module]
-        return environment
-
-    def _record(self, processing_event: Any) -> Any:
-        """Map and insert inside ``KeyRing.writing_new_keys``: new keys go in the events' commit."""
-        recorder = self.recorder
-        if not (isinstance(recorder, KeyStaging) and recorder.stages_keys):
-            return super()._record(processing_event)  # type: ignore[misc]
-        record = super()._record  # type: ignore[misc]
-
-        def write(staged: StagedKeys) -> Any:
-            with recorder.keys_from(staged):
-                return record(processing_event)
-
-        return self.private_mapper.keyring.writing_new_keys(write)
-
-    def construct_mapper(self) -> Mapper[UUID]:
-        env = self.env
-        encrypt = str(env.get(ENCRYPT_ENV, "y")).strip().lower() not in _OFF
-        if env.get("PERSISTENCE_MODULE") == "eventsourcing.postgres":
-            location = "postgresql://"
-        else:
-            location = str(store_path(env) or "")
-        keyring = KeyRing(
-            lambda: key_table_for(self.recorder),
-            location,
-            key_file=env.get("GATEWAY_LEDGER_KEY_FILE") or None,
-        )
-        return PrivateMapper(
-            self.construct_transcoder(),  # type: ignore[attr-defined]
-            self.privacy_policy,
-            keyring,
-            encrypt=encrypt,
-            first_event=self._first_stored_event,
-        )
-
-    def _first_stored_event(self, originator_id: UUID) -> StoredEvent | None:
-        events = self.recorder.select_events(originator_id, lte=1, limit=1)
-        return events[0] if events else None
-
-    @property
-    def private_mapper(self) -> PrivateMapper:
-        mapper = self.mapper  # type: ignore[attr-defined]
-        assert isinstance(mapper, PrivateMapper)
-        return mapper
-
-    def close(self) -> None:
-        """Close the key table's private connection too (then the store's)."""
-        self.private_mapper.keyring.close()
-        super().close()  # type: ignore[misc]

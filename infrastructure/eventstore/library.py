@@ -1,0 +1,284 @@
+"""How our applications plug into the eventsourcing library: the one write path.
+
+Every write of an application whose events may hold personal data (the ledger, the
+session store) goes through :class:`SealedEventStore.put`, whoever calls it: the
+library's ``Application.save`` (which reaches it through the application's event store),
+the ledger's transitions and the gateway's group-commit writer (which call it directly).
+What a write does is there, once:
+
+1. seal the events' personal fields (``PrivateMapper.to_stored_event``) with the data keys
+   of this write, a ``WriteKeys`` created for it and passed explicitly: new subjects get a
+   new key, noted in it, and stored keys used are noted too;
+2. hand the stored events and that ``WriteKeys`` to the recorder,
+   ``insert_events(stored_events, keys=...)``: the library's own channel for rows that
+   must commit with the events (its ``searchablecontent`` example passes its page rows the
+   same way), so the key rows are stored, and the used keys checked, in the events'
+   transaction (``keyed_recorder.py`` on SQLite, the recorder's hook in ``postgres.py`` on
+   PostgreSQL);
+3. share the new keys once that committed, seal again if another writer stored a key for
+   the same subject first, forget a key found destroyed (``KeyRing.writing``).
+
+The library is extended only where its examples extend it: the ``construct_*`` methods of
+an application, our mapper, event store and recorder classes, and the PostgreSQL
+recorder's insert hook (a library internal, owned by ``postgres.py`` alone and pinned by
+``tests/test_write_path.py``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+from uuid import UUID
+
+from eventsourcing.persistence import (
+    EventStore,
+    InfrastructureFactory,
+    Mapper,
+    Notification,
+    Recording,
+    StoredEvent,
+)
+from eventsourcing.utils import get_topic
+
+from gateway_ledger.application.privacy.policy import PrivacyPolicy
+from gateway_ledger.infrastructure.eventstore.keyed_recorder import KeyedSQLiteApplicationRecorder
+from gateway_ledger.infrastructure.eventstore.store import store_path
+from gateway_ledger.infrastructure.privacy.key_table import key_table_for
+from gateway_ledger.infrastructure.privacy.keyring import KeyRing, WriteKeys
+from gateway_ledger.infrastructure.privacy.private_mapper import ENCRYPT_ENV, PrivateMapper
+
+__all__ = ["ENCRYPT_ENV", "DecryptedAggregates", "PrivateEvents", "SealedEventStore"]
+
+RECORDER_TOPIC = InfrastructureFactory.APPLICATION_RECORDER_TOPIC
+_OFF = {"0", "n", "no", "false", "off"}
+_KEYED_RECORDERS = {
+    "eventsourcing.sqlite": get_topic(KeyedSQLiteApplicationRecorder),
+    # By name: importing it would import psycopg into every SQLite user.
+    "eventsourcing.postgres": (
+        "gateway_ledger.infrastructure.eventstore.postgres:KeyedPostgresApplicationRecorder"
+    ),
+}
+
+DECRYPTED_CACHE_SIZE = 1024
+"""Aggregates kept decrypted between a write and the next (least recently written go)."""
+
+
+class SealedEventStore(EventStore[UUID]):
+    """The application's event store: every write of its events goes through ``put``."""
+
+    def __init__(self, mapper: PrivateMapper, recorder: Any) -> None:
+        super().__init__(mapper=mapper, recorder=recorder)
+        self.keyring: KeyRing = mapper.keyring
+        self.stores_keys = bool(getattr(recorder, "stores_keys", False))
+        """False where the recorder's transaction cannot carry key rows (the library's
+        database functions on PostgreSQL): new keys are then stored before the events."""
+
+    def put(self, domain_events: Sequence[Any], **kwargs: Any) -> list[Recording[UUID]]:
+        """The library's way in (``Application.save``): the write, then what it recorded."""
+        stored, ids = self._write(domain_events, kwargs)
+        if not ids:
+            return []
+        return [
+            Recording(
+                domain_event,
+                Notification(
+                    id=notification_id,
+                    originator_id=s.originator_id,
+                    originator_version=s.originator_version,
+                    topic=s.topic,
+                    state=s.state,
+                ),
+            )
+            for domain_event, s, notification_id in zip(domain_events, stored, ids, strict=True)
+        ]
+
+    def append(self, domain_events: Sequence[Any], **kwargs: Any) -> None:
+        """The same write, for callers that want no ``Recording`` of it (the ledger's
+        transitions, the group-commit writer): the recorder need not report the events'
+        notification ids either."""
+        self._write(domain_events, {**kwargs, "notification_ids": False})
+
+    def _write(
+        self, domain_events: Sequence[Any], kwargs: dict[str, Any]
+    ) -> tuple[list[StoredEvent], Sequence[int] | None]:
+        """Seal and store the events in one transaction, with the data keys they need;
+        ``kwargs`` go on to the recorder with them. Raises the library's
+        ``IntegrityError`` when another writer took one of the events' versions first,
+        and ``SessionErased`` when a key they were sealed with was destroyed meanwhile."""
+        if not domain_events:
+            return [], None
+        if not self.stores_keys:
+            stored = [self.mapper.to_stored_event(e) for e in domain_events]
+            return stored, self.recorder.insert_events(stored, **kwargs)
+
+        def write(keys: WriteKeys) -> tuple[list[StoredEvent], Sequence[int] | None]:
+            to_stored_event: Any = self.mapper.to_stored_event
+            sealed = [to_stored_event(e, keys) for e in domain_events]
+            return sealed, self.recorder.insert_events(sealed, keys=keys, **kwargs)
+
+        return self.keyring.writing(write)
+
+
+class DecryptedAggregates:
+    """Aggregates kept decrypted in memory from one write of this process to its next, so
+    a change needs no reload: ``take`` one (it is then the caller's alone), change it,
+    store its events, ``keep`` it. Never kept longer than a data key is (``ttl``), and
+    forgotten at once when its key is destroyed or found destroyed in this process
+    (``forget_subject``, from ``KeyRing.on_evict``).
+
+    Whether a kept aggregate is still current is not checked on ``take``: its version is
+    the lock, so a write on top of a stale copy fails (``IntegrityError``) and the caller
+    reloads.
+    """
+
+    def __init__(
+        self,
+        subject_of: Callable[[UUID], str | None],
+        *,
+        ttl: float,
+        size: int = DECRYPTED_CACHE_SIZE,
+    ) -> None:
+        self.subject_of = subject_of
+        self.ttl = ttl
+        self.size = size
+        self._kept: OrderedDict[UUID, tuple[float, Any]] = OrderedDict()  # oldest first
+        self._lock = threading.Lock()
+
+    def take(self, aggregate_id: UUID) -> Any | None:
+        """The kept aggregate, removed from here; None when there is none (or too old)."""
+        with self._lock:
+            entry = self._kept.pop(aggregate_id, None)
+        if entry is None or entry[0] <= time.monotonic():
+            return None
+        return entry[1]
+
+    def keep(self, aggregate: Any) -> None:
+        """Keep an aggregate whose events are all stored, for its next change."""
+        if self.ttl <= 0:
+            return
+        expires = time.monotonic() + self.ttl
+        with self._lock:
+            kept = self._kept
+            kept[aggregate.id] = (expires, aggregate)
+            kept.move_to_end(aggregate.id)
+            if len(kept) > self.size:
+                kept.popitem(last=False)
+
+    def forget(self, aggregate_id: UUID) -> None:
+        with self._lock:
+            self._kept.pop(aggregate_id, None)
+
+    def forget_subject(self, subject_id: str) -> None:
+        """Forget every kept aggregate whose personal data is the subject's, or may be
+        (its subject is not known without reading the store)."""
+        with self._lock:
+            for aggregate_id in list(self._kept):
+                if self.subject_of(aggregate_id) in (subject_id, None):
+                    del self._kept[aggregate_id]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._kept.clear()
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+
+class PrivateEvents:
+    """Mixin for an eventsourcing Application whose events may hold personal data.
+
+    Set ``privacy_policy``; encryption is on unless the environment says
+    ``GATEWAY_LEDGER_ENCRYPT=n`` (the applications' ``encrypt=False`` sets it). Reading
+    always opens sealed events, whatever the setting.
+    """
+
+    privacy_policy: ClassVar[PrivacyPolicy] = PrivacyPolicy()
+    check_key_at_open: bool = True
+    """False for a gateway: it must start and send even without its key, and says at
+    ``start()`` that every reply goes untracked (the key is still never made for sealed
+    data, and nothing is written without it)."""
+    env: Any
+    recorder: Any
+    mapper: Any
+    events: Any
+    decrypted: DecryptedAggregates
+    """Aggregates kept decrypted between writes (see :class:`DecryptedAggregates`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Open the store, then check its master key before anything reads or writes: a
+        malformed or unsafe key, or none beside sealed data, is refused here, not later
+        in the middle of a command (and a new key is never made for sealed data)."""
+        super().__init__(*args, **kwargs)
+        mapper = self.private_mapper
+        self.decrypted = DecryptedAggregates(mapper.remembered_subject, ttl=mapper.keyring.ttl)
+        mapper.keyring.on_evict(self.decrypted.forget_subject)
+        try:
+            if self.check_key_at_open:
+                mapper.keyring.check_master_key()
+        except BaseException:
+            PrivateEvents.close(self)
+            raise
+
+    def construct_env(self, name: str, env: Any = None) -> Any:
+        """The recorder that stores new data keys with their events, on either store."""
+        environment = super().construct_env(name, env)  # type: ignore[misc]
+        module = environment.get("PERSISTENCE_MODULE")
+        if not environment.get(RECORDER_TOPIC) and module in _KEYED_RECORDERS:
+            environment[RECORDER_TOPIC] = _KEYED_RECORDERS[module]
+        return environment
+
+    def construct_mapper(self) -> Mapper[UUID]:
+        env = self.env
+        encrypt = str(env.get(ENCRYPT_ENV, "y")).strip().lower() not in _OFF
+        if env.get("PERSISTENCE_MODULE") == "eventsourcing.postgres":
+            location = "postgresql://"
+        else:
+            location = str(store_path(env) or "")
+        keyring = KeyRing(
+            lambda: key_table_for(self.recorder),
+            location,
+            key_file=env.get("GATEWAY_LEDGER_KEY_FILE") or None,
+        )
+        return PrivateMapper(
+            self.construct_transcoder(),  # type: ignore[attr-defined]
+            self.privacy_policy,
+            keyring,
+            encrypt=encrypt,
+            first_event=self.first_stored_event,
+        )
+
+    def construct_event_store(self) -> SealedEventStore:
+        """The one write path (see the module docstring)."""
+        return SealedEventStore(self.private_mapper, self.recorder)
+
+    def first_stored_event(self, originator_id: UUID) -> StoredEvent | None:
+        """An aggregate's first stored event, as stored (None: no such aggregate)."""
+        events = self.recorder.select_events(originator_id, lte=1, limit=1)
+        return events[0] if events else None
+
+    @property
+    def sealed_events(self) -> SealedEventStore:
+        """The application's event store (``events``): every write goes through it."""
+        events = self.events
+        assert isinstance(events, SealedEventStore)
+        return events
+
+    @property
+    def private_mapper(self) -> PrivateMapper:
+        mapper = self.mapper
+        assert isinstance(mapper, PrivateMapper)
+        return mapper
+
+    def close(self) -> None:
+        """Close the key table's and the recorder's own connections too, then the store's."""
+        decrypted = getattr(self, "decrypted", None)
+        if decrypted is not None:
+            decrypted.clear()
+        self.private_mapper.keyring.close()
+        close_recorder = getattr(self.recorder, "close", None)
+        if close_recorder is not None:
+            close_recorder()
+        super().close()  # type: ignore[misc]
