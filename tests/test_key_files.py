@@ -24,7 +24,7 @@ from gateway_ledger.bootstrap import DeliveryLedger, SessionStore
 from gateway_ledger.domain.errors import InvalidInput, LedgerError
 from gateway_ledger.domain.sessions.key import SessionSource
 from gateway_ledger.infrastructure.privacy.master_key import MASTER_KEY_ENV
-from gateway_ledger.infrastructure.privacy.secrets import load_or_create_secret
+from gateway_ledger.infrastructure.sessions.secrets import load_or_create_secret
 
 EXE = str(Path(sys.executable).parent / "gateway-ledger")
 OTHER_UID = 65534

@@ -23,7 +23,7 @@ from gateway_ledger.domain.sessions.policy import ResetPolicies, ResetPolicy
 from gateway_ledger.domain.sessions.route import SessionKeying
 from gateway_ledger.domain.sessions.source import SessionSource
 from gateway_ledger.infrastructure.eventstore.store import store_environment
-from gateway_ledger.infrastructure.privacy.secrets import load_or_create_secret, secret_path
+from gateway_ledger.infrastructure.sessions.secrets import load_or_create_secret, secret_path
 
 T0 = datetime(2026, 7, 20, 10, 0, tzinfo=UTC)
 ALICE = SessionSource(platform="telegram", chat_id="99", user_id="4242", user_name="alice")

@@ -200,7 +200,7 @@ def place(source: Path, target: Path) -> None:
 
 def postgres_secret(directory: Path, url: str) -> Path:
     """Where a PostgreSQL session store looks for its secret (named after the schema)."""
-    from gateway_ledger.infrastructure.privacy.secrets import secret_path
+    from gateway_ledger.infrastructure.sessions.secrets import secret_path
 
     return secret_path(url, directory)
 

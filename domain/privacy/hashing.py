@@ -5,7 +5,7 @@ ids off disk but not out of reach: anyone holding the store can enumerate every 
 number or numeric id and compare. The keyed variant takes a per-installation secret, so
 the same person still maps to the same value across restarts and devices, yet the
 mapping cannot be rebuilt without the secret. The secret itself is made and kept by
-``infrastructure/privacy/secrets.py``; here it is only an argument.
+``infrastructure/sessions/secrets.py``; here it is only an argument.
 """
 
 from __future__ import annotations
