@@ -44,6 +44,7 @@ from gateway_ledger.domain.values import (
     require_aware,
     require_choice,
     require_clear_text,
+    require_content,
     require_json_like,
     require_metadata,
     require_text,
@@ -415,3 +416,14 @@ def test_a_hashing_secret_is_at_least_16_bytes_and_never_shown() -> None:
             KeyedHasher(bad)  # type: ignore[arg-type]
     assert repr(SECRET) not in repr(KeyedHasher(SECRET))
     assert "secret" not in repr(KeyedHasher(SECRET))
+
+
+def test_a_replys_text_is_any_storable_text_up_to_8_mib_in_utf8() -> None:
+    eight_mib = 8 * 1024 * 1024  # written out: the limit is a promise
+    assert require_content("content", "") == ""  # a media-only reply
+    at_cap = "é" * (eight_mib // 2)  # four times its length is over the cap; its bytes are not
+    assert require_content("content", at_cap) is at_cap
+    with pytest.raises(InvalidInput, match=f"^reply is larger than {eight_mib} bytes$"):
+        require_content("reply", at_cap + "a")
+    with pytest.raises(InvalidInput, match="content must be a str"):
+        require_content("content", b"bytes")

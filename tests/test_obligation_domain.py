@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from eventsourcing.utils import get_topic, resolve_topic
 
 from gateway_ledger.domain.delivery.marker import send_guard
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation, compute_obligation_id
@@ -51,6 +52,36 @@ def test_compute_obligation_id_is_upstream_formula() -> None:
     )
     # distinct threads on one chat never collide
     assert compute_obligation_id("a:t1", "m", "x") != compute_obligation_id("a:t2", "m", "x")
+
+
+STORED_EVENTS = (
+    "Recorded",
+    "Attempting",
+    "Delivered",
+    "PartDelivered",
+    "Failed",
+    "LateResultReported",
+    "Claimed",
+    "RetryRequested",
+    "Abandoned",
+    "Quarantined",
+)
+
+
+def test_every_event_class_keeps_its_stored_topic() -> None:
+    """Stores name each event by this topic: the class names and the module they are
+    stored under never change, wherever the code moves (ADR 0039)."""
+    events = {
+        name
+        for name, value in vars(DeliveryObligation).items()
+        if isinstance(value, type) and issubclass(value, DeliveryObligation.Event)
+    }
+    # "Created" is the library's own, made for every aggregate and never triggered here.
+    assert events == {"Event", "Created", *STORED_EVENTS}
+    for name in STORED_EVENTS:
+        topic = f"gateway_ledger.domain.obligation:DeliveryObligation.{name}"
+        assert get_topic(getattr(DeliveryObligation, name)) == topic
+        assert resolve_topic(topic) is getattr(DeliveryObligation, name)
 
 
 def test_a_send_records_its_guard_and_a_bad_one_is_refused_before_any_event() -> None:
