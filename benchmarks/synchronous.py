@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from delivery import MutableRowLedger, work
 
-from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.bootstrap import DeliveryLedger
 from gateway_ledger.domain.delivery.obligation import compute_obligation_id
 
 Lifecycle = Callable[[int], None]

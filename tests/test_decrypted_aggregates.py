@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.bootstrap import DeliveryLedger
 from gateway_ledger.domain.errors import IllegalTransition
 from gateway_ledger.infrastructure.privacy.keyring import CACHE_TTL_ENV
 

@@ -281,7 +281,7 @@ def test_the_aggregate_follows_each_recorded_decision_even_against_the_rule() ->
 def _forge_send(ledger: DeliveryLedger, oid: str, needs_marker: bool | None) -> None:
     """Append an Attempting by the owner with this recorded decision and no guard said,
     whatever the rule says (no command would)."""
-    agg = ledger._load(oid)
+    agg = ledger.load(oid)
     agg.trigger_event(
         DeliveryObligation.Attempting,
         by=agg.owner,
@@ -326,7 +326,7 @@ def test_the_audit_and_the_aggregate_agree_on_a_refusal_after_a_claim(tmp_path: 
             obligation_id="o-2", session_key="k", platform="telegram", chat_id="1", content="hi"
         )
         a.mark_attempting("o-2")
-        agg = b._load("o-2")
+        agg = b.load("o-2")
         agg.claim(by=OWNERS[1], now=agg.last_transition_at, policy=LedgerPolicy())
         b.save(agg)
         b.mark_failed("o-2", "refused", "rejected")

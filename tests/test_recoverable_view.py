@@ -185,7 +185,7 @@ def report_late(
     oid = ids[action[1]]
     if not ledger.exists(oid):
         return
-    agg = ledger._load(oid)
+    agg = ledger.load(oid)
     if agg.fence == 0:
         return  # nobody was fenced out yet
     stale = next(o for o in OWNERS if o != agg.owner)
@@ -228,7 +228,7 @@ def test_the_index_holds_the_aggregates_marker_and_rebuilds_to_the_same(
         rows = {row["obligation_id"]: dict(row) for row in index.select()}
         for oid in ids:
             if ledger.exists(oid):
-                agg = ledger._load(oid)
+                agg = ledger.load(oid)
                 marker = (bool(rows[oid]["may_have_arrived"]), bool(rows[oid]["arrived_before"]))
                 assert marker == (agg.may_have_arrived, agg.arrived_before_this_send), oid
         index.rebuild()

@@ -19,7 +19,7 @@ import pytest
 from eventsourcing.persistence import StoredEvent
 from eventsourcing.utils import get_topic
 
-from gateway_ledger.application.delivery.ledger import DeliveryLedger
+from gateway_ledger.bootstrap import DeliveryLedger
 from gateway_ledger.infrastructure.eventstore.group_commit import GroupCommitWriter
 from gateway_ledger.infrastructure.eventstore.library import SealedEventStore
 from gateway_ledger.infrastructure.eventstore.postgres import (
