@@ -169,10 +169,10 @@ class GroupCommitWriter:
         # whoever holds it keeps the writer from starting a group.
         self._cond = threading.RLock()
         self._closed = False
+        self._started = False
         self._thread = threading.Thread(
             target=self._run, name=name or "gateway-ledger-writer", daemon=True
         )
-        self._thread.start()
         # Reads and sweeps run on their own thread so they never sit in the commit queue.
         self._reader = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="gateway-ledger-reader"
@@ -245,10 +245,23 @@ class GroupCommitWriter:
             loop.call_later(self.linger, self._linger_over)
         return handle
 
+    def start(self) -> GroupCommitWriter:
+        """Start the writer thread (idempotent). The first write starts it too: a
+        constructed writer starts nothing (ADR 0036)."""
+        with self._cond:
+            self._start_locked()
+        return self
+
+    def _start_locked(self) -> None:
+        if not self._started and not self._closed:
+            self._started = True
+            self._thread.start()
+
     def _linger_over(self) -> None:
         with self._cond:
             self._linger_timer_on = None
             if self._behind and not self._closed:
+                self._start_locked()
                 self._queue.put(_FLUSH)
 
     async def flush(self) -> None:
@@ -261,6 +274,7 @@ class GroupCommitWriter:
             if self._behind_unsettled == 0 or self._closed:
                 return
             waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._start_locked()
             self._queue.put(_FlushRequest(waiter))
         await waiter
 
@@ -278,6 +292,7 @@ class GroupCommitWriter:
             if self._closed:
                 self._settle([job], LedgerUnavailable("the ledger writer is closed"))
                 return
+            self._start_locked()
             self._queue.put(job)
 
     async def write(self, events: Sequence[Any], *, label: str = "") -> None:
@@ -301,8 +316,16 @@ class GroupCommitWriter:
         with self._cond:
             if self._closed:
                 return
+            if self._behind:
+                self._start_locked()  # write-behind jobs still wait: the thread settles them
             self._closed = True
-            self._queue.put(None)
+            started = self._started
+            if started:
+                self._queue.put(None)
+        if not started:  # never written to: no thread to stop
+            self._reader.shutdown(wait=True)
+            close_wakers(self._wakers)
+            return
         self._thread.join(timeout)
         self._reader.shutdown(wait=True)
         if self._thread.is_alive():
