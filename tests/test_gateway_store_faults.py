@@ -183,7 +183,7 @@ def slow_disk_gateway(ledger: DeliveryLedger) -> Gateway:
 
     def append(events: Any) -> None:
         time.sleep(SLOW_COMMIT)
-        ledger.events.put(events)
+        ledger.sealed_events.append(events)
 
     return Gateway(ledger, writer=GroupCommitWriter(ledger, append=append))
 

@@ -2,7 +2,7 @@
 carrying the data keys it sealed with explicitly (``insert_events(..., keys=WriteKeys)``).
 
 The synchronous API, the library's ``Application.save``, operators' commands and the
-gateway's group-commit writer all end in ``SealedEventStore.put``; no thread-local state
+gateway's group-commit writer all end in one ``SealedEventStore`` write; no thread-local state
 and no override of the library's private methods carries anything between them. On
 PostgreSQL the keys reach the recorder's ``_insert_events`` hook, the one library internal
 the write path relies on: pinned here.

@@ -1,10 +1,11 @@
 """How our applications plug into the eventsourcing library: the one write path.
 
 Every write of an application whose events may hold personal data (the ledger, the
-session store) goes through :class:`SealedEventStore.put`, whoever calls it: the
-library's ``Application.save`` (which reaches it through the application's event store),
-the ledger's transitions and the gateway's group-commit writer (which call it directly).
-What a write does is there, once:
+session store) goes through its :class:`SealedEventStore`, whoever calls it: the library's
+``Application.save`` reaches it as ``put`` (which also reports the library's
+``Recording`` objects), the ledger's transitions and the gateway's group-commit writer call
+``append`` (which does not). Both are one method, ``_write``; what a write does is there,
+once:
 
 1. seal the events' personal fields (``PrivateMapper.to_stored_event``) with the data keys
    of this write, a ``WriteKeys`` created for it and passed explicitly: new subjects get a
@@ -67,7 +68,7 @@ DECRYPTED_CACHE_SIZE = 1024
 
 
 class SealedEventStore(EventStore[UUID]):
-    """The application's event store: every write of its events goes through ``put``."""
+    """The application's event store: every write of its events goes through ``_write``."""
 
     def __init__(self, mapper: PrivateMapper, recorder: Any) -> None:
         super().__init__(mapper=mapper, recorder=recorder)
