@@ -24,6 +24,7 @@ from eventsourcing.application import AggregateNotFoundError, Application
 from eventsourcing.persistence import IntegrityError
 
 from gateway_ledger.application.clock import Clock, system_clock
+from gateway_ledger.application.delivery import interface
 from gateway_ledger.application.delivery.audit import DuplicateAudit, audit_duplicates
 from gateway_ledger.application.delivery.interface import claimed_item, media_items
 from gateway_ledger.application.delivery.ledger_ports import (
@@ -287,11 +288,7 @@ class DeliveryLedger(Application[UUID], ABC):
         fence: int | None = None,
     ) -> None:
         """``fence``: the one held when the send started; a stale one records a late result."""
-        ids: Any = receipt
-        if receipt is None:
-            ids = []
-        elif isinstance(receipt, str | int) and not isinstance(receipt, bool):
-            ids = [receipt]  # one message id
+        ids = interface.receipt_ids(receipt)
         self.change(
             obligation_id,
             "delivered",
@@ -309,10 +306,7 @@ class DeliveryLedger(Application[UUID], ABC):
         *,
         fence: int | None = None,
     ) -> None:
-        try:
-            error_class = ErrorClass(classification)
-        except ValueError:
-            raise InvalidInput(f"unknown error classification {classification!r}") from None
+        error_class = interface.error_class(classification)
         self.change(
             obligation_id,
             "failed",
@@ -332,10 +326,7 @@ class DeliveryLedger(Application[UUID], ABC):
         reason: AbandonReason | str = AbandonReason.OPERATOR,
         detail: str = "",
     ) -> None:
-        try:
-            abandon_reason = AbandonReason(reason)
-        except ValueError:
-            raise InvalidInput(f"unknown abandon reason {reason!r}") from None
+        abandon_reason = interface.abandon_reason(reason)
         self.change(
             obligation_id,
             f"abandoned ({abandon_reason.value})",
