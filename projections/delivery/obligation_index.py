@@ -135,6 +135,8 @@ MARKER_COLUMNS = ("may_have_arrived", "arrived_before")
 as 0 or 1 each, in the order of :class:`~gateway_ledger.domain.delivery.marker.Marker`."""
 
 _MARKERS = tuple(itertools.product((0, 1), repeat=len(MARKER_COLUMNS)))
+_NOTHING_SENT = dict(zip(MARKER_COLUMNS, map(int, NOTHING_SENT), strict=True))
+"""The marker columns of a reply just recorded."""
 
 
 @attrs.frozen
@@ -191,7 +193,7 @@ class IndexProjection(ObligationProjection):
         "recovery_attempts": 0,
         "retries": 0,
         "fence": 0,
-        **dict(zip(MARKER_COLUMNS, map(int, NOTHING_SENT), strict=True)),
+        **_NOTHING_SENT,
     }
 
     def __init__(self, subjects: SubjectNames, name: str = INDEX_NAME) -> None:
@@ -248,7 +250,7 @@ class IndexProjection(ObligationProjection):
                 "recovery_attempts": 0,
                 "retries": 0,
                 "fence": 0,
-                **dict(zip(MARKER_COLUMNS, map(int, NOTHING_SENT), strict=True)),
+                **_NOTHING_SENT,
                 "error_class": None,
                 "abandon_reason": None,
                 "version": event.originator_version,

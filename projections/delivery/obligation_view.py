@@ -64,8 +64,9 @@ class ObligationProjection:
     """A projection of ``DeliveryObligation`` events, one row per obligation.
 
     Subclasses map each event class they read to a method (``handlers``); any other event
-    of an obligation (a type added later, or one this view has nothing to show of) moves
-    only the row's version and time, so a row never claims to be newer than it is.
+    of an obligation (a type added later, or one with no column of its own here) is an
+    :meth:`update` with nothing but the row's version and time (so a row never claims to
+    be newer than it is) and what the view's ``update`` adds to every change.
     """
 
     topic_prefix = get_topic(DeliveryObligation) + "."  # the store may hold other apps' events
