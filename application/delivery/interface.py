@@ -19,21 +19,6 @@ from gateway_ledger.domain.delivery.obligation import DeliveryObligation
 from gateway_ledger.domain.errors import InvalidInput
 from gateway_ledger.domain.values import AbandonReason, ErrorClass, MediaItem
 
-RECOVERED_KEYS = (
-    "obligation_id",
-    "session_key",
-    "platform",
-    "chat_id",
-    "thread_id",
-    "content",
-    "needs_marker",
-    "attempts",
-    "reply_to",
-    "media",
-    "metadata",
-)
-"""The keys of every item a sweep returns (upstream's, plus what upstream lost)."""
-
 
 @attrs.frozen
 class Claim:

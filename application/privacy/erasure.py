@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
-from typing import Any
 from uuid import UUID, uuid4
 
 import attrs
@@ -54,12 +53,10 @@ CLEANUP_PENDING_NOTE = (
 )
 """What an operator is told when an erasure's cleanup was left for later (ADR 0028)."""
 
-_Obligation: Any = DeliveryObligation  # its event classes are made at runtime
-_Erasure: Any = Erasure
 
 DELIVERY_PRIVACY = PrivacyPolicy(
     SealedEvent(
-        _Obligation.Recorded,
+        DeliveryObligation.Recorded,
         (
             "session_key",
             "content",
@@ -73,16 +70,16 @@ DELIVERY_PRIVACY = PrivacyPolicy(
         subject_from="session_key",
         clear=("obligation_id", "target.platform", "owner"),
     ),
-    InClear(_Obligation.Attempting, ("by", "fence", "guard", "needs_marker")),
-    SealedEvent(_Obligation.PartDelivered, ("receipt",), clear=("by", "index", "fence")),
-    SealedEvent(_Obligation.Delivered, ("receipt",), clear=("by", "fence")),
+    InClear(DeliveryObligation.Attempting, ("by", "fence", "guard", "needs_marker")),
+    SealedEvent(DeliveryObligation.PartDelivered, ("receipt",), clear=("by", "index", "fence")),
+    SealedEvent(DeliveryObligation.Delivered, ("receipt",), clear=("by", "fence")),
     SealedEvent(
-        _Obligation.Failed,
+        DeliveryObligation.Failed,
         ("error",),
         clear=("by", "classification", "retry_after", "fence", "may_have_arrived"),
     ),
     SealedEvent(
-        _Obligation.LateResultReported,
+        DeliveryObligation.LateResultReported,
         ("receipt", "error"),
         clear=(
             "by",
@@ -96,13 +93,16 @@ DELIVERY_PRIVACY = PrivacyPolicy(
         ),
     ),
     InClear(
-        _Obligation.Claimed, ("by", "previous_owner", "recovery_attempt", "needs_marker", "fence")
+        DeliveryObligation.Claimed,
+        ("by", "previous_owner", "recovery_attempt", "needs_marker", "fence"),
     ),
-    InClear(_Obligation.RetryRequested, ("by", "previous_owner", "requested_by", "fence")),
-    SealedEvent(_Obligation.Abandoned, ("detail",), clear=("reason", "by")),
-    InClear(_Obligation.Quarantined, ("by", "previous_owner", "reason", "found_at", "fence")),
+    InClear(DeliveryObligation.RetryRequested, ("by", "previous_owner", "requested_by", "fence")),
+    SealedEvent(DeliveryObligation.Abandoned, ("detail",), clear=("reason", "by")),
     InClear(
-        _Erasure.SubjectErased,
+        DeliveryObligation.Quarantined, ("by", "previous_owner", "reason", "found_at", "fence")
+    ),
+    InClear(
+        Erasure.SubjectErased,
         ("subject_id", "by", "requested_by", "destroyed_keys", "abandoned", "sessions"),
     ),
 )
@@ -111,14 +111,10 @@ receipt: whole replies, parts, late results). In clear: obligation id, states, t
 attempts, fences, platform, owners (the gateway's identity), error class, operator labels,
 and the erasure records (subject ids are keyed hashes)."""
 
-_Session: Any = Session
-_Route: Any = SessionRoute
 
 SOURCE_FIELDS = tuple(f"source.{name}" for name in PERSONAL_FIELDS)
 """Who and where, in a SessionSource. In clear: platform, chat_type, is_bot, profile."""
 
-_Inbound: Any = InboundMessage
-_Keying: Any = SessionKeying
 SOURCE_CLEAR = tuple(
     f"source.{name}" for name in ("platform", "chat_type", "is_bot", "profile", *TRUST_FLAGS)
 )
@@ -126,26 +122,28 @@ SOURCE_CLEAR = tuple(
 
 SESSION_PRIVACY = PrivacyPolicy(
     SealedEvent(
-        _Session.Started,
+        Session.Started,
         ("key", *SOURCE_FIELDS),
         subject_from="key",
         clear=("session_id", "previous_session_id", "started_reason", *SOURCE_CLEAR),
     ),
     SealedEvent(
-        _Session.MessageAppended,
+        Session.MessageAppended,
         ("content", "platform_message_id"),
         state_free=True,
         clear=("seq", "role"),
     ),
-    InClear(_Session.ResumeMarked, ("reason",)),
-    InClear(_Session.ResumeCleared),
-    InClear(_Session.Suspended),
-    InClear(_Session.Reset, ("reason", "successor_session_id")),
-    SealedEvent(_Route.Opened, ("key",), subject_from="key", clear=("session_id",)),
-    InClear(_Route.Rotated, ("previous_session_id", "session_id", "reason")),
+    InClear(Session.ResumeMarked, ("reason",)),
+    InClear(Session.ResumeCleared),
+    InClear(Session.Suspended),
+    InClear(Session.Reset, ("reason", "successor_session_id")),
+    SealedEvent(SessionRoute.Opened, ("key",), subject_from="key", clear=("session_id",)),
+    InClear(SessionRoute.Rotated, ("previous_session_id", "session_id", "reason")),
     # Keyed hashes of the chat and message ids only (ADR 0013).
-    InClear(_Inbound.Seen, ("platform", "chat_scope", "platform_message_id", "session_id", "seq")),
-    InClear(_Keying.Established, ("mode",)),
+    InClear(
+        InboundMessage.Seen, ("platform", "chat_scope", "platform_message_id", "session_id", "seq")
+    ),
+    InClear(SessionKeying.Established, ("mode",)),
     SealedSnapshot(Session, ("key", *SOURCE_FIELDS)),
     SealedSnapshot(SessionRoute, ("key",)),
 )

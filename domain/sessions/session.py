@@ -19,11 +19,11 @@ from gateway_ledger.domain.sessions.policy import ResetReason
 from gateway_ledger.domain.sessions.source import SessionSource
 from gateway_ledger.domain.topics import stored_as
 from gateway_ledger.domain.values import (
-    MAX_CONTENT_BYTES,
     MAX_REASON_CHARS,
     require_aware,
     require_choice,
     require_clear_text,
+    require_content,
     require_text,
 )
 
@@ -171,9 +171,7 @@ class Session(Aggregate):
         require_aware("now", now)
         if role not in ROLES:
             raise InvalidInput(f"unknown role {role!r}; expected one of {sorted(ROLES)}")
-        require_text("content", content, allow_empty=True)
-        if len(content) * 4 > MAX_CONTENT_BYTES and len(content.encode()) > MAX_CONTENT_BYTES:
-            raise InvalidInput(f"content is larger than {MAX_CONTENT_BYTES} bytes")
+        require_content("content", content)
         if platform_message_id is not None:
             require_text("platform_message_id", platform_message_id)
         self.check_open("append")
