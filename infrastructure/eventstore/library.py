@@ -168,10 +168,6 @@ class DecryptedAggregates:
             if len(kept) > self.size:
                 kept.popitem(last=False)
 
-    def forget(self, aggregate_id: UUID) -> None:
-        with self._lock:
-            self._kept.pop(aggregate_id, None)
-
     def forget_subject(self, subject_id: str) -> None:
         """Forget every kept aggregate whose personal data is the subject's, or may be
         (its subject is not known without reading the store)."""
