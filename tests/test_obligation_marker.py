@@ -52,6 +52,12 @@ class AdrModel:
             self.sends[-1] = False  # the send in flight, and only it
         elif fact is SendFact.ARRIVED_LATE:
             self.proven = True
+        elif fact is SendFact.NOT_ARRIVED:  # the platform covered every send: none arrived
+            self.sends = [False for _ in self.sends]
+            self.proven = False
+        elif fact is SendFact.EARLIER_NOT_ARRIVED:  # all but the claim's send, still to go
+            self.sends = [False for _ in self.sends[:-1]] + [True]
+            self.proven = False
 
     @property
     def marker_due(self) -> bool:
@@ -110,7 +116,20 @@ def test_what_failures_and_late_results_say() -> None:
 commands = st.lists(
     st.tuples(
         st.sampled_from(
-            ["attempt", "deliver", "fail", "claim", "retry", "part", "abandon", "late_fence"]
+            [
+                "attempt",
+                "deliver",
+                "fail",
+                "claim",
+                "retry",
+                "part",
+                "abandon",
+                "late_fence",
+                "reconcile_arrived",
+                "reconcile_not_arrived",
+                "reconcile_unknown",
+                "failed_after_acceptance",
+            ]
         ),
         st.integers(min_value=0, max_value=len(OWNERS) - 1),
         st.sampled_from(list(ErrorClass)),
@@ -147,6 +166,13 @@ def run(script: list[tuple[str, int, ErrorClass]]) -> DeliveryObligation:
                 agg.acknowledge_part(by=by, now=now, index=0, receipt=["p"])
             elif command == "abandon":
                 agg.abandon(reason=AbandonReason.STALE, now=now, by=by)
+            elif command.startswith("reconcile_"):
+                outcome = command.removeprefix("reconcile_")
+                ids = ["r"] if outcome == "arrived" else []
+                part = 0 if outcome == "arrived" and not agg.part_delivered(0) else None
+                agg.reconcile(by=by, now=now, outcome=outcome, message_ids=ids, part=part)
+            elif command == "failed_after_acceptance":
+                agg.report_status(status=command, at=now, now=now)
             else:  # a result from a send started under an older fence
                 agg.fail(by=by, now=now, classification=classification, fence=agg.fence - 1)
         except (IllegalTransition, ValueError):

@@ -30,6 +30,13 @@ from gateway_ledger.application.delivery.ports import (
     SendResult,
     render_duplicate_notice,
 )
+from gateway_ledger.application.delivery.reconciliation import (
+    DEFAULT_RECONCILE_DEADLINE,
+    ReconcileQuery,
+    Reconciler,
+    can_reconcile,
+    send_key,
+)
 from gateway_ledger.application.delivery.recovery import load_for_sending
 from gateway_ledger.application.delivery.scheduling import Scheduler
 from gateway_ledger.domain.delivery.marker import send_guard
@@ -117,6 +124,10 @@ class Counters:
     late_results: int = 0
     untracked: int = 0
     erased: int = 0
+    settled_by_reconciliation: int = 0
+    """Re-sends not made: the platform said the reply had arrived (ADR 0050)."""
+    status_reports: int = 0
+    failed_after_acceptance: int = 0
 
 
 @attrs.define
@@ -161,6 +172,7 @@ class Courier:
         command_prefixes: Sequence[str],
         ledger_deadline: float,
         write_behind: bool,
+        reconcile_deadline: float = DEFAULT_RECONCILE_DEADLINE,
     ) -> None:
         self.ledger = ledger
         self.writer = writer
@@ -171,6 +183,8 @@ class Courier:
         self.write_behind = write_behind
         """Write ``Delivered`` behind the send instead of waiting for it (ADR 0016)."""
         self.counters = Counters()
+        self.reconciler = Reconciler(reconcile_deadline)
+        """Asks reconciling adapters before a re-send (ADR 0050)."""
         self.background: set[asyncio.Task[None]] = set()
         """Late-result reports running detached (``flush`` waits for them)."""
 
@@ -415,7 +429,8 @@ class Courier:
         """Send every unconfirmed part, in order, then settle the obligation."""
         agg, adapter = flight.agg, flight.adapter
         target = agg.target
-        idempotent = flight.guard is SendGuard.IDEMPOTENCY_KEY
+        # A reconciling adapter gets the key too, to place on the message (ADR 0050).
+        keyed = flight.guard is SendGuard.IDEMPOTENCY_KEY or can_reconcile(adapter)
         marker = flight.guard is SendGuard.MARKER
         parts = [p for p in outgoing_parts(agg) if not agg.part_delivered(p.index)]
         single = agg.part_count <= 1
@@ -442,9 +457,7 @@ class Courier:
                 # Unproven owner: never an unlabelled copy, and never a blocked send.
                 mark = mark or verdict == OWNER_UNPROVEN
             text = render_duplicate_notice(adapter, part.text) if mark else part.text
-            key = None
-            if idempotent:
-                key = agg.obligation_id if single else f"{agg.obligation_id}:{part.index}"
+            key = send_key(agg.obligation_id, part.index, single) if keyed else None
             result = await self._platform_send(adapter, target, text, part, agg, key)
             if not result.success:
                 return await self._settle_failure(flight, result)
@@ -653,6 +666,12 @@ class Courier:
             log.info("obligation %s not retried: another writer took it", flight.oid)
             return
         if flight.tracked:
+            # Asked once per ambiguous failure: a rate limit's wait after it asks nothing.
+            ambiguous = agg.error_class is ErrorClass.AMBIGUOUS
+            if ambiguous and await self._settled_by_platform(flight):
+                return
+            if flight.conflicted or flight.erased:
+                return
             flight.guard = _guard_for(flight.adapter, agg.may_have_arrived)
             try:
                 agg.start_attempt(by=self.owner, now=self._now(), guard=flight.guard)
@@ -692,10 +711,111 @@ class Courier:
         if adapter is None or agg.state is not ObligationState.CLAIMED or agg.owner != self.owner:
             return DeliveryOutcome(status="failed", obligation_id=oid)
         self.counters.recovered += 1
+        flight = Flight(agg=agg, adapter=adapter, lease_epoch=lease_epoch)
+        if await self._settled_by_platform(flight):
+            return DeliveryOutcome(
+                status="delivered", obligation_id=oid, message_ids=tuple(agg.receipt)
+            )
+        if flight.conflicted or flight.erased:
+            return DeliveryOutcome(status="superseded", obligation_id=oid)
         log.info("obligation %s recovered marker=%s", oid, agg.arrived_before_this_send)
-        guard = _guard_for(adapter, agg.arrived_before_this_send)  # as Claimed decided
-        flight = Flight(agg=agg, adapter=adapter, guard=guard, lease_epoch=lease_epoch)
+        # As Claimed decided, or as the platform's answer since then struck it off.
+        flight.guard = _guard_for(adapter, agg.arrived_before_this_send)
         return await self._send(flight)
+
+    # -- reconciliation and statuses after acceptance (ADR 0050) -------------------------------
+
+    async def report_status(
+        self, obligation_id: str, status: str, at: datetime | None = None, detail: str = ""
+    ) -> bool:
+        """A platform's status callback: recorded in order (False: a late or repeated one,
+        nothing changed). A failure after acceptance reopens the obligation and, with its
+        platform connected, schedules its re-send as a failed send's retry would be."""
+        await self.writer.flush()  # its Delivered, written behind the send, lands first
+        recorded: list[bool] = []
+
+        def change() -> DeliveryObligation:
+            return self.ledger.change(
+                obligation_id,
+                f"status {status}",
+                lambda o: recorded.append(
+                    o.report_status(
+                        status=status,
+                        at=self._now() if at is None else at,
+                        now=self._now(),
+                        detail=detail,
+                        by=self.owner,
+                    )
+                ),
+            )
+
+        agg = await self.writer.call(change)
+        if not recorded[-1]:
+            return False
+        self.counters.status_reports += 1
+        if agg.state is not ObligationState.FAILED:
+            return True
+        self.counters.failed_after_acceptance += 1
+        log.info("obligation %s failed after the platform accepted it: reopened", obligation_id)
+        adapter = self.adapters.get(agg.platform)
+        if adapter is None or agg.owner != self.owner:
+            return True  # the boot sweep of a gateway with that platform re-sends it
+        flight = Flight(agg=agg, adapter=adapter, lease_epoch=self.lease_epoch())
+        delay = self._retry_delay(flight, ErrorClass.REJECTED, None)
+        if delay is not None:
+            self.counters.retries_scheduled += 1
+            self.scheduler.schedule(
+                delay, lambda: self._retry(flight), label=f"retry {agg.obligation_id}"
+            )
+        return True
+
+    # -- reconciliation (ADR 0050) ------------------------------------------------------------
+
+    async def _settled_by_platform(self, flight: Flight) -> bool:
+        """Before a re-send that may duplicate: ask the platform, once, what arrived, and
+        record its answer. True when it arrived (the obligation is now ``Delivered``, no
+        re-send); else the re-send goes on, plain after ``not_arrived``. Nothing is asked
+        when no earlier send may have arrived or the adapter cannot reconcile."""
+        agg, adapter = flight.agg, flight.adapter
+        pending_send = agg.state is ObligationState.CLAIMED
+        due = agg.arrived_before_this_send if pending_send else agg.may_have_arrived
+        if not due or not can_reconcile(adapter):
+            return False
+        single = agg.part_count <= 1
+        unconfirmed = [p.index for p in outgoing_parts(agg) if not agg.part_delivered(p.index)]
+        if not unconfirmed:
+            return False
+        first = unconfirmed[0]
+        query = ReconcileQuery(
+            obligation_id=agg.obligation_id,
+            target=agg.target,
+            key=send_key(agg.obligation_id, first, single),
+            part=None if single else first,
+            since=agg.recorded_at,
+            until=self._now(),
+        )
+        known = {i for ids in agg.delivered_parts.values() for i in ids}
+        answer = await self.reconciler.ask(adapter, query, known)
+        try:
+            agg.reconcile(
+                by=self.owner,
+                now=self._now(),
+                outcome=answer.outcome,
+                evidence=answer.evidence,
+                message_ids=answer.message_ids,
+                part=query.part,
+            )
+        except LedgerError as e:
+            # Not recordable (refused by the obligation): as unknown, the send goes on.
+            self.fault(flight.oid, "reconciled", e)
+            return False
+        await self._write(flight, "reconciled")
+        if agg.state is ObligationState.DELIVERED and not (flight.conflicted or flight.erased):
+            self.counters.settled_by_reconciliation += 1
+            self.counters.delivered += 1
+            log.info("obligation %s arrived already: settled, not re-sent", flight.oid)
+            return True
+        return False
 
     # -- unrecorded sends ---------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from gateway_ledger.application.delivery.flight import Courier, DeliveryOutcome
 from gateway_ledger.application.delivery.ledger import DeliveryLedger
 from gateway_ledger.application.delivery.ledger_ports import EventWriter
 from gateway_ledger.application.delivery.ports import PlatformAdapter, Reply, ReplyContext
+from gateway_ledger.application.delivery.reconciliation import DEFAULT_RECONCILE_DEADLINE
 from gateway_ledger.application.delivery.recovery_port import RecoverySweep, ResumableSessions
 from gateway_ledger.application.delivery.scheduling import AsyncioScheduler, Scheduler
 from gateway_ledger.domain.values import LedgerPolicy, OwnerIdentity
@@ -86,6 +87,14 @@ class GatewayStats:
     their record (a ledger fault each), so no crash recovery covers them."""
     erased: int = 0
     """Replies not sent (or not finished) because their session was erased meanwhile."""
+    reconciled_arrived: int = 0
+    """Re-sends not made: the platform said the reply had arrived (ADR 0050)."""
+    reconciled_not_arrived: int = 0
+    reconciled_unknown: int = 0
+    reconcile_bad_answers: int = 0
+    """Reconciliations that raised, came too late or made no sense (counted as unknown)."""
+    status_reports: int = 0
+    failed_after_acceptance: int = 0
 
 
 class Gateway:
@@ -106,6 +115,7 @@ class Gateway:
         command_prefixes: Sequence[str] = DEFAULT_COMMAND_PREFIXES,
         ledger_deadline: float = DEFAULT_LEDGER_DEADLINE,
         write_behind: bool = True,
+        reconcile_deadline: float = DEFAULT_RECONCILE_DEADLINE,
     ) -> None:
         self.ledger = ledger
         self.sessions = sessions
@@ -121,6 +131,7 @@ class Gateway:
             command_prefixes=command_prefixes,
             ledger_deadline=ledger_deadline,
             write_behind=write_behind,
+            reconcile_deadline=reconcile_deadline,
         )
         self._closed = False
 
@@ -166,6 +177,9 @@ class Gateway:
 
     def add_adapter(self, adapter: PlatformAdapter) -> None:
         self._adapters[adapter.platform] = adapter
+        attach = getattr(adapter, "attach_status_sink", None)
+        if callable(attach):  # the status-callback hook (ADR 0050)
+            attach(self.report_status)
 
     async def start(self, adapters: Iterable[PlatformAdapter] = ()) -> StartReport:
         """Connect, recover what dead gateways owed, then say which sessions may resume."""
@@ -292,6 +306,16 @@ class Gateway:
         await self.writer.flush()
         await self._courier.settle_background()
 
+    async def report_status(
+        self, obligation_id: str, status: str, at: datetime | None = None, detail: str = ""
+    ) -> bool:
+        """A platform's status after it accepted a reply (``delivered_to_device``,
+        ``read``, ``failed_after_acceptance``; ADR 0050): recorded in order, a late or
+        repeated one changes nothing (False); a failure after acceptance reopens the
+        obligation and schedules its re-send. Adapters with ``attach_status_sink`` get
+        this method at ``start``, to call from their status webhooks."""
+        return await self._courier.report_status(obligation_id, status, at, detail)
+
     async def __aenter__(self) -> Gateway:
         return self
 
@@ -300,6 +324,7 @@ class Gateway:
 
     def stats(self) -> GatewayStats:
         c, w = self._courier.counters, self.writer.stats
+        r = self._courier.reconciler.counters
         return GatewayStats(
             delivered=c.delivered,
             failed=c.failed,
@@ -317,6 +342,12 @@ class Gateway:
             late_results=c.late_results,
             untracked=c.untracked,
             erased=c.erased,
+            reconciled_arrived=r.arrived,
+            reconciled_not_arrived=r.not_arrived,
+            reconciled_unknown=r.unknown,
+            reconcile_bad_answers=r.bad_answers,
+            status_reports=c.status_reports,
+            failed_after_acceptance=c.failed_after_acceptance,
         )
 
     # -- the delivery path --------------------------------------------------------------------

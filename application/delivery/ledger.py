@@ -320,6 +320,34 @@ class DeliveryLedger(Application[UUID], ABC):
             ),
         )
 
+    def report_status(
+        self,
+        obligation_id: str,
+        status: str,
+        at: datetime | None = None,
+        detail: str = "",
+    ) -> bool:
+        """Record a status the platform reported after it accepted the delivered send
+        (``delivered_to_device``, ``read``, ``failed_after_acceptance``; ADR 0050), at
+        the platform's time ``at`` (default: now). Statuses only move forward: a late or
+        repeated one changes nothing and returns False. ``failed_after_acceptance``
+        reopens the obligation: a sweep re-sends it under the usual rules."""
+        recorded: list[bool] = []
+        self.change(
+            obligation_id,
+            f"status {status}",
+            lambda obligation: recorded.append(
+                obligation.report_status(
+                    status=status,
+                    at=self.clock() if at is None else at,
+                    now=self.clock(),
+                    detail=detail,
+                    by=self.owner,
+                )
+            ),
+        )
+        return recorded[-1]
+
     def abandon(
         self,
         obligation_id: str,

@@ -101,6 +101,26 @@ DELIVERY_PRIVACY = PrivacyPolicy(
     InClear(
         DeliveryObligation.Quarantined, ("by", "previous_owner", "reason", "found_at", "fence")
     ),
+    SealedEvent(
+        DeliveryObligation.Reconciled,
+        ("evidence", "message_ids"),
+        clear=("by", "fence", "outcome", "part", "completes", "claim_pending", "may_have_arrived"),
+    ),
+    SealedEvent(
+        DeliveryObligation.StatusReported,
+        ("detail",),
+        clear=(
+            "by",
+            "status",
+            "reported_at",
+            "may_have_arrived",
+            "obligation_id",
+            "owner",
+            "platform",
+            "recorded_at",
+            "recovery_attempts",
+        ),
+    ),
     InClear(
         Erasure.SubjectErased,
         ("subject_id", "by", "requested_by", "destroyed_keys", "abandoned", "sessions"),

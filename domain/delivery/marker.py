@@ -2,8 +2,10 @@
 
 A reply is re-sent with the marker when an earlier send of it may have reached the user.
 A send may have arrived unless the platform said it did not; a refusal strikes off only
-the send it answers, never an earlier one; a fenced-out owner's late success proves the
-reply arrived. That is the whole rule, and this module is the only place it is written.
+the send it answers, never an earlier one (and so does a failure the platform reports
+after it accepted a send); a fenced-out owner's late success proves the reply arrived; a
+reconciliation that proves nothing arrived strikes off every earlier send (ADR 0050).
+That is the whole rule, and this module is the only place it is written.
 
 Every event that changes the answer carries it (``Attempting.needs_marker``,
 ``Claimed.needs_marker``, ``Failed.may_have_arrived``,
@@ -49,6 +51,13 @@ class SendFact(Enum):
     reset after the request left)."""
     ARRIVED_LATE = auto()
     """A fenced-out owner reports that its own send was delivered."""
+    NOT_ARRIVED = auto()
+    """The platform proved that no unconfirmed send of the reply reached the user
+    (a reconciliation's ``not_arrived``, ADR 0050), and no send is in flight."""
+    EARLIER_NOT_ARRIVED = auto()
+    """The same proof while a claim's send is about to go out: nothing sent before the
+    claim arrived, but the claimer's own send counts as started (a crash after it must
+    still leave the marker up)."""
 
     @classmethod
     def failure(cls, classification: ErrorClass) -> SendFact:
@@ -60,6 +69,19 @@ class SendFact(Enum):
         """What a fenced-out owner's result says: a delivery proves an arrival; anything
         else it reports (a failure, one part) changes nothing the current owner knows."""
         return cls.ARRIVED_LATE if outcome == "delivered" else None
+
+    @classmethod
+    def reconciliation(
+        cls, *, nothing_unconfirmed_arrived: bool, claim_pending: bool
+    ) -> SendFact | None:
+        """What a reconciliation says (ADR 0050): when it proves that no unconfirmed send
+        arrived (``not_arrived``; or the first unconfirmed part arrived and the parts
+        after it were never sent), every earlier send is struck off; with a claim's send
+        still to go out, all but that one. An ``unknown`` changes nothing, and an
+        ``arrived`` that completes the reply is followed by ``Delivered``."""
+        if not nothing_unconfirmed_arrived:
+            return None
+        return cls.EARLIER_NOT_ARRIVED if claim_pending else cls.NOT_ARRIVED
 
 
 def marker_after(before: Marker, fact: SendFact | None, recorded: bool | None = None) -> Marker:
@@ -78,6 +100,10 @@ def marker_after(before: Marker, fact: SendFact | None, recorded: bool | None = 
             refused = fact is SendFact.REFUSED
             recorded = before.arrived_before_this_send if refused else before.may_have_arrived
         return Marker(recorded, before.arrived_before_this_send)
+    if fact is SendFact.NOT_ARRIVED:
+        return Marker(False if recorded is None else recorded, arrived_before_this_send=False)
+    if fact is SendFact.EARLIER_NOT_ARRIVED:
+        return Marker(True if recorded is None else recorded, arrived_before_this_send=False)
     if fact is SendFact.ARRIVED_LATE:
         arrived = True if recorded is None else recorded
         return Marker(arrived, before.arrived_before_this_send or arrived)

@@ -19,6 +19,11 @@ from uuid import NAMESPACE_URL, UUID, uuid5
 from eventsourcing.domain import Aggregate
 
 from gateway_ledger.domain.delivery.marker import NOTHING_SENT, Marker, SendFact, marker_after
+from gateway_ledger.domain.delivery.reconciliation import (
+    ACCEPTED_RANK,
+    PlatformStatus,
+    ReconcileOutcome,
+)
 from gateway_ledger.domain.errors import IllegalTransition, InvalidInput
 from gateway_ledger.domain.topics import stored_as
 from gateway_ledger.domain.values import (
@@ -140,6 +145,8 @@ class DeliveryObligation(Aggregate):
     abandon_reason: AbandonReason | None
     quarantine_reason: QuarantineReason | None
     last_transition_at: datetime
+    platform_status: PlatformStatus | None
+    """The last status the platform reported after accepting the delivered send (ADR 0050)."""
 
     # -- events -----------------------------------------------------------------------------
     #
@@ -201,6 +208,7 @@ class DeliveryObligation(Aggregate):
             obligation.abandon_reason = None
             obligation.quarantine_reason = None
             obligation.last_transition_at = self.timestamp
+            obligation.platform_status = None
 
     class Attempting(Event):
         """The owner starts a send. ``guard``: what the sender did against an unannounced
@@ -234,6 +242,7 @@ class DeliveryObligation(Aggregate):
         def apply(self, obligation: DeliveryObligation) -> None:
             obligation.state = ObligationState.DELIVERED
             obligation.receipt = list(self.receipt)
+            obligation.platform_status = None  # accepted: no status reported for this send yet
             obligation.last_transition_at = self.timestamp
 
     class PartDelivered(Event):
@@ -355,6 +364,80 @@ class DeliveryObligation(Aggregate):
             obligation.quarantine_reason = QuarantineReason(self.reason)
             obligation.owner = self.by
             obligation.fence = self.fence
+            obligation.last_transition_at = self.timestamp
+
+    class Reconciled(Event):
+        """The owner asked the platform what arrived before repeating an uncertain send
+        (ADR 0050). ``outcome``: arrived, not_arrived or unknown; ``evidence``: what the
+        platform's answer rests on (its words, no personal data); ``message_ids``: the
+        platform's ids when it arrived; ``part``: the part asked about (None: the whole
+        reply); ``completes``: an arrival that leaves nothing to send (``Delivered``
+        follows); ``claim_pending``: asked by a claimer before its claim's send;
+        ``may_have_arrived``: the marker's decision after it."""
+
+        by: OwnerIdentity
+        fence: int
+        outcome: str
+        evidence: str
+        message_ids: list[str]
+        part: int | None
+        completes: bool
+        claim_pending: bool
+        may_have_arrived: bool
+
+        marker_decision = "may_have_arrived"
+
+        @classmethod
+        def send_fact(cls, fields: Mapping[str, Any]) -> SendFact | None:
+            outcome = ReconcileOutcome(fields["outcome"])
+            nothing = outcome is ReconcileOutcome.NOT_ARRIVED or (
+                outcome is ReconcileOutcome.ARRIVED and not fields["completes"]
+            )
+            return SendFact.reconciliation(
+                nothing_unconfirmed_arrived=nothing, claim_pending=bool(fields["claim_pending"])
+            )
+
+        def apply(self, obligation: DeliveryObligation) -> None:
+            if self.outcome == ReconcileOutcome.ARRIVED and self.part is not None:
+                obligation.delivered_parts[str(self.part)] = list(self.message_ids)
+            obligation.marker = self.marker_after(obligation.marker)
+            obligation.last_transition_at = self.timestamp
+
+    class StatusReported(Event):
+        """A status the platform reported after it accepted the delivered send (ADR 0050):
+        ``delivered_to_device``, ``read``, or ``failed_after_acceptance``, which reopens
+        the obligation (``Failed``-like: the usual retry rules apply). ``reported_at``:
+        the platform's time; ``may_have_arrived``: the marker's decision after it. The
+        owner, platform, record time and recovery claims are carried so that a view the
+        delivered obligation had left takes a reopened one back without a reload."""
+
+        by: OwnerIdentity | None
+        status: str
+        detail: str
+        reported_at: datetime
+        may_have_arrived: bool
+        obligation_id: str
+        owner: OwnerIdentity
+        platform: str
+        recorded_at: datetime
+        recovery_attempts: int
+
+        marker_decision = "may_have_arrived"
+
+        @classmethod
+        def send_fact(cls, fields: Mapping[str, Any]) -> SendFact | None:
+            failed = PlatformStatus(fields["status"]) is PlatformStatus.FAILED_AFTER_ACCEPTANCE
+            return SendFact.REFUSED if failed else None
+
+        def apply(self, obligation: DeliveryObligation) -> None:
+            status = PlatformStatus(self.status)
+            obligation.platform_status = status
+            if status is PlatformStatus.FAILED_AFTER_ACCEPTANCE:
+                obligation.state = ObligationState.FAILED
+                obligation.last_error = self.detail or status.value
+                obligation.error_class = ErrorClass.REJECTED
+                obligation.retry_after = None
+                obligation.marker = self.marker_after(obligation.marker)
             obligation.last_transition_at = self.timestamp
 
     # -- creation ---------------------------------------------------------------------------
@@ -653,6 +736,122 @@ class DeliveryObligation(Aggregate):
             fence=self.fence + 1,
             timestamp=now,
         )
+
+    def check_reconciler(self, by: OwnerIdentity) -> None:
+        """Only the owner asks the platform before its own re-send (fencing, ADR 0042)."""
+        if by != self.owner:
+            raise self._refuse("reconciled", f"owned by {self.owner.describe()}; fenced out")
+
+    def check_arrival_ids(self, outcome: ReconcileOutcome, ids: Sequence[str]) -> None:
+        """An arrival names the platform's message ids; no other answer has any."""
+        if outcome is ReconcileOutcome.ARRIVED and not ids:
+            raise InvalidInput("an arrived reconciliation names the platform's message ids")
+        if outcome is not ReconcileOutcome.ARRIVED and ids:
+            raise InvalidInput(f"a {outcome.value} reconciliation has no message ids")
+
+    def reconcile(
+        self,
+        *,
+        by: OwnerIdentity,
+        now: datetime,
+        outcome: ReconcileOutcome | str,
+        evidence: str = "",
+        message_ids: Sequence[str | int] = (),
+        part: int | None = None,
+    ) -> None:
+        """Record what the platform answered before an uncertain send is repeated (ADR 0050).
+
+        ``arrived`` of the part asked about (``part``; None: the whole reply) records its
+        receipt; when nothing is left to send the obligation is settled ``Delivered`` in
+        the same step. ``not_arrived`` strikes off every earlier send, so the re-send goes
+        without the marker; ``unknown`` changes nothing but the history.
+        """
+        require_aware("now", now)
+        judged = require_choice("reconciliation outcome", outcome, ReconcileOutcome)
+        if not isinstance(evidence, str):
+            raise InvalidInput("evidence must be a str")
+        ids = receipt_ids(message_ids)
+        self.check_arrival_ids(judged, ids)
+        if part is not None:
+            self.check_part_index(part)
+            self.check_part_unconfirmed(part)
+        self.check_state(
+            "reconciled", ObligationState.PENDING, ObligationState.FAILED, ObligationState.CLAIMED
+        )
+        self.check_not_quarantined("reconciled")
+        self.check_reconciler(by)
+        arrived = judged is ReconcileOutcome.ARRIVED
+        left = [i for i in range(self.part_count) if not self.part_delivered(i) and i != part]
+        completes = arrived and (part is None or not left)
+        claim_pending = self.state is ObligationState.CLAIMED
+        fact = SendFact.reconciliation(
+            nothing_unconfirmed_arrived=judged is ReconcileOutcome.NOT_ARRIVED
+            or (arrived and not completes),
+            claim_pending=claim_pending,
+        )
+        after = marker_after(self.marker, fact)
+        self.trigger_event(
+            self.Reconciled,
+            by=by,
+            fence=self.fence,
+            outcome=judged.value,
+            evidence=cut_error(evidence),
+            message_ids=ids,
+            part=part,
+            completes=completes,
+            claim_pending=claim_pending,
+            may_have_arrived=after.may_have_arrived,
+            timestamp=now,
+        )
+        if completes:
+            receipt = [i for ids_ in self.delivered_parts.values() for i in ids_]
+            receipt += [] if part is not None else ids
+            self.trigger_event(
+                self.Delivered, by=by, receipt=receipt, fence=self.fence, timestamp=now
+            )
+
+    def report_status(
+        self,
+        *,
+        status: PlatformStatus | str,
+        at: datetime,
+        now: datetime,
+        detail: str = "",
+        by: OwnerIdentity | None = None,
+    ) -> bool:
+        """Record a status the platform reported after it accepted the send (ADR 0050).
+
+        Statuses only move forward (accepted, delivered to the device, read); one that
+        does not (a late or repeated callback) changes nothing and returns False.
+        ``failed_after_acceptance``, possible only before any other status, reopens the
+        obligation for a re-send under the usual rules, without the marker unless an
+        earlier send may have arrived.
+        """
+        require_aware("now", now)
+        require_aware("at", at)
+        judged = require_choice("platform status", status, PlatformStatus)
+        if not isinstance(detail, str):
+            raise InvalidInput("detail must be a str")
+        current = ACCEPTED_RANK if self.platform_status is None else self.platform_status.rank
+        if self.platform_status is not None and judged.rank <= current:
+            return False
+        self.check_state(f"status {judged.value}", ObligationState.DELIVERED)
+        after = marker_after(self.marker, self.StatusReported.send_fact({"status": judged.value}))
+        self.trigger_event(
+            self.StatusReported,
+            by=by,
+            status=judged.value,
+            detail=cut_error(detail),
+            reported_at=at,
+            may_have_arrived=after.may_have_arrived,
+            obligation_id=self.obligation_id,
+            owner=self.owner,
+            platform=self.target.platform,
+            recorded_at=self.recorded_at,
+            recovery_attempts=self.recovery_attempts,
+            timestamp=now,
+        )
+        return True
 
     def request_retry(self, *, by: OwnerIdentity, now: datetime, requested_by: str = "") -> None:
         """An operator asks for another try: any gateway's next sweep may claim it at once.

@@ -24,8 +24,10 @@ import attrs
 
 from gateway_ledger.domain.delivery.marker import NOTHING_SENT, Marker, SendFact, marker_after
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation
+from gateway_ledger.domain.delivery.reconciliation import PlatformStatus
 from gateway_ledger.domain.values import (
     UNRESOLVED_STATES,
+    ErrorClass,
     ObligationState,
     OwnerIdentity,
 )
@@ -302,6 +304,17 @@ class IndexProjection(ObligationProjection):
         values = {**self.quarantined(event), **owner_values(event.by), "fence": event.fence}
         return self.update(event, values)
 
+    def status_reported(self, event: DeliveryObligation.StatusReported) -> RowChange:
+        """A failure after acceptance reopens the obligation (ADR 0050)."""
+        if event.status != PlatformStatus.FAILED_AFTER_ACCEPTANCE:
+            return self.moved(event)
+        values: dict[str, Value] = {
+            "state": ObligationState.FAILED.value,
+            "error_class": ErrorClass.REJECTED.value,
+            "delivered_at": None,
+        }
+        return self.update(event, values)
+
     handlers = {
         DeliveryObligation.Recorded: recorded,
         DeliveryObligation.Attempting: attempting,
@@ -311,6 +324,7 @@ class IndexProjection(ObligationProjection):
         DeliveryObligation.Abandoned: abandoned,
         DeliveryObligation.RetryRequested: retry_requested,
         DeliveryObligation.Quarantined: quarantined_fact,
+        DeliveryObligation.StatusReported: status_reported,
     }
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import attrs
 
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation
+from gateway_ledger.domain.delivery.reconciliation import PlatformStatus
 from gateway_ledger.domain.values import QUARANTINED, ObligationState, OwnerIdentity
 from gateway_ledger.projections.delivery.obligation_view import (
     ObligationProjection,
@@ -147,6 +148,21 @@ class RecoverableProjection(ObligationProjection):
         """Delivered or abandoned: no longer owed, so it leaves the view."""
         return Delete(event.originator_id.hex)
 
+    def status_reported(self, event: DeliveryObligation.StatusReported) -> RowChange:
+        """A failure after acceptance reopens a delivered obligation: owed again, it comes
+        back (other statuses change nothing a sweep reads)."""
+        if event.status != PlatformStatus.FAILED_AFTER_ACCEPTANCE:
+            return self.moved(event)
+        values = owner_values(event.owner)
+        values["obligation_id"] = event.obligation_id
+        values["state"] = ObligationState.FAILED.value
+        values["platform"] = event.platform
+        values["recovery_attempts"] = event.recovery_attempts
+        values["recorded_at"] = to_micros(event.recorded_at)
+        values["last_transition_at"] = to_micros(event.timestamp)
+        values["version"] = event.originator_version
+        return Insert(event.originator_id.hex, values)
+
     def quarantined_fact(self, event: DeliveryObligation.Quarantined) -> RowChange:
         """Not claimable any more, but still owed: it stays, so every sweep counts it."""
         return self.update(event, {**self.quarantined(event), **owner_values(event.by)})
@@ -160,6 +176,7 @@ class RecoverableProjection(ObligationProjection):
         DeliveryObligation.Delivered: resolved,
         DeliveryObligation.Abandoned: resolved,
         DeliveryObligation.Quarantined: quarantined_fact,
+        DeliveryObligation.StatusReported: status_reported,
     }
 
 
