@@ -29,7 +29,14 @@ What it flags, and why, is ADR 0011:
   caught up first, records each with its version), so the audit and ``list --state
   quarantined`` always agree and the replay itself stays a scan of clear JSON;
 - ``unreadable_fields``: a ``Quarantined`` fact: a reader found sealed personal fields
-  that fail authentication (tampered or rotted), so the reply is never sent.
+  that fail authentication (tampered or rotted), so the reply is never sent;
+- ``resend_after_arrived``: a send started after the platform answered a reconciliation
+  with ``arrived`` (ADR 0050), unless a failure after acceptance reopened it since.
+
+A reconciliation's ``not_arrived`` strikes off the sends it covers, so the plain re-send
+after it is no possible duplicate; an ``arrived`` settles the reply with no re-send. Each
+such answer given while the marker was up is a labelled possible duplicate avoided
+(``avoided_duplicates``); ``reconciled`` counts the answers by outcome.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from eventsourcing.utils import get_topic
 
 from gateway_ledger.domain.delivery.marker import NOTHING_SENT, SendFact, marker_after
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation
+from gateway_ledger.domain.delivery.reconciliation import PlatformStatus, ReconcileOutcome
 from gateway_ledger.domain.values import QuarantineReason, SendGuard
 from gateway_ledger.projections.delivery.obligation_index import ObligationIndexView
 
@@ -73,6 +81,7 @@ PROBLEM_KINDS = (
     "late_result",
     "undecodable_event",
     "unreadable_fields",
+    "resend_after_arrived",
 )
 
 
@@ -116,6 +125,11 @@ class DuplicateAudit:
     elapsed_seconds: float
     findings: tuple[AuditFinding, ...]
     possible_duplicates: tuple[PossibleDuplicate, ...]
+    avoided_duplicates: int = 0
+    """Re-sends that would have carried the marker, settled instead by the platform's
+    answer: not re-sent (``arrived``) or re-sent plain (``not_arrived``)."""
+    reconciled: dict[str, int] = attrs.field(factory=dict)
+    """Reconciliation answers by outcome (arrived, not_arrived, unknown)."""
 
     @property
     def ok(self) -> bool:
@@ -146,6 +160,8 @@ class DuplicateAudit:
             "possible_duplicates": len(self.possible_duplicates),
             "labelled_duplicates": self.labelled_duplicates,
             "unlabelled_duplicates": self.unlabelled_duplicates,
+            "avoided_duplicates": self.avoided_duplicates,
+            "reconciled": dict(self.reconciled),
             "findings": [f.to_dict() for f in self.findings],
             "duplicates": [d.to_dict() for d in self.possible_duplicates],
         }
@@ -204,6 +220,7 @@ class _Obligation:
     """What the replay remembers of one obligation: owners, fences, the marker, sends."""
 
     __slots__ = (
+        "arrived_proven",
         "claimed_fences",
         "displaced",
         "fence",
@@ -223,6 +240,7 @@ class _Obligation:
         self.sends: list[_Send] = []
         self.claimed_fences: set[int] = set()
         self.displaced: dict[Owner, int] = {}  # fenced-out owner -> version that displaced it
+        self.arrived_proven = False  # a reconciliation said the reply arrived (ADR 0050)
 
     def last_send_by(self, by: Owner) -> _Send | None:
         for send in reversed(self.sends):
@@ -250,6 +268,8 @@ class DuplicateAuditor:
         self.position = 0
         self._reported_live: set[tuple[str, Owner]] = set()
         self.unjudged: set[str] = set()  # obligations with an undecodable event
+        self.avoided = 0
+        self.reconciled = dict.fromkeys((o.value for o in ReconcileOutcome), 0)
         self.poisoned: dict[str, tuple[str, int, str]] = {}
         """aggregate id -> (obligation id, version, why): the views' undecodable events."""
 
@@ -336,6 +356,14 @@ class DuplicateAuditor:
     def _start_send(
         self, ob: _Obligation, version: int, state: dict[str, Any], by: Owner, marked: bool
     ) -> None:
+        if ob.arrived_proven:
+            self.flag(
+                "resend_after_arrived",
+                ob,
+                version,
+                state,
+                "a send after the platform said the reply had arrived",
+            )
         if ob.marker.may_have_arrived and not marked:
             earlier = [s.version for s in ob.sends if s.may_have_arrived]
             self.flag(
@@ -435,6 +463,42 @@ class DuplicateAuditor:
         if by is None or not _fenced_out(ob, state, by):
             ob.state = "failed"
 
+    def on_reconciled(
+        self, ob: _Obligation, version: int, state: dict[str, Any], by: Owner | None
+    ) -> None:
+        """The platform's answer before a re-send: what it proves about the sends so far."""
+        outcome = ReconcileOutcome(state["outcome"])
+        self.reconciled[outcome.value] += 1
+        if outcome is ReconcileOutcome.UNKNOWN:
+            return
+        fact = _send_fact(DeliveryObligation.Reconciled, state)
+        pending = bool(state.get("claim_pending"))
+        due = ob.marker.arrived_before_this_send if pending else ob.marker.may_have_arrived
+        if due:
+            self.avoided += 1
+        covered = ob.sends[:-1] if pending and ob.sends else ob.sends
+        if fact in (SendFact.NOT_ARRIVED, SendFact.EARLIER_NOT_ARRIVED):
+            for send in covered:
+                send.may_have_arrived = False  # the platform's answer covers it
+            if pending and ob.sends:
+                ob.sends[-1].marked = False  # the claim's send now goes out plain
+            return
+        # Arrived, and nothing left to send: the claim's send, if one was due, never left.
+        if pending and ob.sends:
+            ob.sends.pop()
+        ob.arrived_proven = True
+
+    def on_status_reported(
+        self, ob: _Obligation, version: int, state: dict[str, Any], by: Owner | None
+    ) -> None:
+        """A failure after acceptance: the delivered send never reached the user."""
+        if state.get("status") != PlatformStatus.FAILED_AFTER_ACCEPTANCE:
+            return
+        if ob.sends:
+            ob.sends[-1].may_have_arrived = False
+        ob.arrived_proven = False
+        ob.state = "failed"
+
     def on_quarantined(
         self, ob: _Obligation, version: int, state: dict[str, Any], by: Owner | None
     ) -> None:
@@ -472,6 +536,8 @@ class DuplicateAuditor:
             elapsed_seconds=round(elapsed, 3),
             findings=tuple(self.findings),
             possible_duplicates=tuple(self.duplicates()),
+            avoided_duplicates=self.avoided,
+            reconciled=dict(self.reconciled),
         )
 
 
@@ -484,6 +550,8 @@ _HANDLERS: dict[type[Event], Handler] = {
     DeliveryObligation.Failed: DuplicateAuditor.on_failed,
     DeliveryObligation.Quarantined: DuplicateAuditor.on_quarantined,
     DeliveryObligation.Abandoned: DuplicateAuditor.on_abandoned,
+    DeliveryObligation.Reconciled: DuplicateAuditor.on_reconciled,
+    DeliveryObligation.StatusReported: DuplicateAuditor.on_status_reported,
 }
 """What each event type changes in the replay (Recorded starts it; late results are only
 flagged)."""

@@ -726,31 +726,21 @@ class Courier:
     # -- reconciliation and statuses after acceptance (ADR 0050) -------------------------------
 
     async def report_status(
-        self, obligation_id: str, status: str, at: datetime | None = None, detail: str = ""
+        self,
+        obligation_id: str,
+        status: str,
+        at: datetime | None = None,
+        detail: str = "",
+        message_id: str | None = None,
     ) -> bool:
         """A platform's status callback: recorded in order (False: a late or repeated one,
         nothing changed). A failure after acceptance reopens the obligation and, with its
         platform connected, schedules its re-send as a failed send's retry would be."""
         await self.writer.flush()  # its Delivered, written behind the send, lands first
-        recorded: list[bool] = []
-
-        def change() -> DeliveryObligation:
-            return self.ledger.change(
-                obligation_id,
-                f"status {status}",
-                lambda o: recorded.append(
-                    o.report_status(
-                        status=status,
-                        at=self._now() if at is None else at,
-                        now=self._now(),
-                        detail=detail,
-                        by=self.owner,
-                    )
-                ),
-            )
-
-        agg = await self.writer.call(change)
-        if not recorded[-1]:
+        recorded, agg = await self.writer.call(
+            self.ledger.record_status, obligation_id, status, at, detail, message_id
+        )
+        if not recorded:
             return False
         self.counters.status_reports += 1
         if agg.state is not ObligationState.FAILED:

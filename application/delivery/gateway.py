@@ -307,14 +307,19 @@ class Gateway:
         await self._courier.settle_background()
 
     async def report_status(
-        self, obligation_id: str, status: str, at: datetime | None = None, detail: str = ""
+        self,
+        obligation_id: str,
+        status: str,
+        at: datetime | None = None,
+        detail: str = "",
+        message_id: str | None = None,
     ) -> bool:
         """A platform's status after it accepted a reply (``delivered_to_device``,
         ``read``, ``failed_after_acceptance``; ADR 0050): recorded in order, a late or
         repeated one changes nothing (False); a failure after acceptance reopens the
         obligation and schedules its re-send. Adapters with ``attach_status_sink`` get
         this method at ``start``, to call from their status webhooks."""
-        return await self._courier.report_status(obligation_id, status, at, detail)
+        return await self._courier.report_status(obligation_id, status, at, detail, message_id)
 
     async def __aenter__(self) -> Gateway:
         return self

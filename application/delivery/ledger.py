@@ -326,27 +326,38 @@ class DeliveryLedger(Application[UUID], ABC):
         status: str,
         at: datetime | None = None,
         detail: str = "",
+        message_id: str | None = None,
     ) -> bool:
         """Record a status the platform reported after it accepted the delivered send
         (``delivered_to_device``, ``read``, ``failed_after_acceptance``; ADR 0050), at
         the platform's time ``at`` (default: now). Statuses only move forward: a late or
         repeated one changes nothing and returns False. ``failed_after_acceptance``
         reopens the obligation: a sweep re-sends it under the usual rules."""
-        recorded: list[bool] = []
-        self.change(
-            obligation_id,
-            f"status {status}",
-            lambda obligation: recorded.append(
-                obligation.report_status(
-                    status=status,
-                    at=self.clock() if at is None else at,
-                    now=self.clock(),
-                    detail=detail,
-                    by=self.owner,
-                )
-            ),
+        return self.record_status(obligation_id, status, at, detail, message_id)[0]
+
+    def record_status(
+        self,
+        obligation_id: str,
+        status: str,
+        at: datetime | None = None,
+        detail: str = "",
+        message_id: str | None = None,
+    ) -> tuple[bool, DeliveryObligation]:
+        """``report_status``, also returning the obligation as stored after it. Decided
+        on the stored state, never on a kept copy: a status that changes nothing on a copy
+        that is behind would not say so by a refusal."""
+        obligation = self.load(obligation_id)
+        recorded = obligation.report_status(
+            status=status,
+            at=self.clock() if at is None else at,
+            now=self.clock(),
+            detail=detail,
+            by=self.owner,
+            message_id=message_id,
         )
-        return recorded[-1]
+        if recorded:
+            self.save_transition(obligation, f"status {status}")
+        return recorded, obligation
 
     def abandon(
         self,

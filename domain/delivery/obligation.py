@@ -818,11 +818,14 @@ class DeliveryObligation(Aggregate):
         now: datetime,
         detail: str = "",
         by: OwnerIdentity | None = None,
+        message_id: str | None = None,
     ) -> bool:
         """Record a status the platform reported after it accepted the send (ADR 0050).
 
         Statuses only move forward (accepted, delivered to the device, read); one that
-        does not (a late or repeated callback) changes nothing and returns False.
+        does not (a late or repeated callback), or one about a message that is not the
+        delivered send's (``message_id`` not in its receipt: an earlier send's), changes
+        nothing and returns False.
         ``failed_after_acceptance``, possible only before any other status, reopens the
         obligation for a re-send under the usual rules, without the marker unless an
         earlier send may have arrived.
@@ -832,6 +835,8 @@ class DeliveryObligation(Aggregate):
         judged = require_choice("platform status", status, PlatformStatus)
         if not isinstance(detail, str):
             raise InvalidInput("detail must be a str")
+        if message_id is not None and str(message_id) not in self.receipt:
+            return False
         current = ACCEPTED_RANK if self.platform_status is None else self.platform_status.rank
         if self.platform_status is not None and judged.rank <= current:
             return False

@@ -51,6 +51,9 @@ def run(args: argparse.Namespace) -> int:
     rows = [[kind, n] for kind, n in counts.items()]
     rows.append(["possible duplicates (labelled)", report.labelled_duplicates])
     rows.append(["possible duplicates (unlabelled)", report.unlabelled_duplicates])
+    rows.append(["possible duplicates avoided by reconciliation", report.avoided_duplicates])
+    for outcome, n in report.reconciled.items():
+        rows.append([f"reconciled {outcome}", n])
     print(table(["finding", "count"], rows, indent="  "))
     if report.findings:
         print()

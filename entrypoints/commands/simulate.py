@@ -39,6 +39,12 @@ def register(subparsers: Subcommands) -> None:
         action="store_true",
         help="also poison stored events, forget sessions mid-run and (PostgreSQL) pause a gateway",
     )
+    parser.add_argument(
+        "--no-reconcile",
+        dest="reconcile",
+        action="store_false",
+        help="adapters never ask the platform what arrived (compare with the same seed)",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(handler=run)
 
@@ -52,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
         kills=args.kills,
         db=args.db,
         faults=args.faults,
+        reconcile=args.reconcile,
     )
     tty = sys.stderr.isatty()
 
@@ -77,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
         ("lost", report.lost),
         ("unlabelled duplicates", report.unlabelled_duplicates),
         ("audit of the ledger's history", audit_line(report)),
+        *platform_rows(report),
         ("messages received", report.messages_received),
         ("gateways killed (SIGKILL)", report.kills),
         ("sweeping gateways started", report.sweeper_runs),
@@ -144,6 +152,23 @@ def fault_rows(f: FaultReport) -> list[tuple[str, object]]:
             + (f" ({', '.join(f.unaccounted_ids[:5])})" if f.unaccounted else ""),
         ),
     ]
+
+
+def platform_rows(report: Report) -> list[tuple[str, object]]:
+    """Per platform: labelled possible duplicates and reconciliation's answers."""
+    rows: list[tuple[str, object]] = []
+    for name, p in report.platforms.items():
+        rows.append(
+            (
+                f"{name} (reconciles: {p.reconciles})",
+                f"{p.labelled_duplicates} labelled duplicates; reconciled"
+                f" {p.reconciled_arrived} arrived, {p.reconciled_not_arrived} not arrived,"
+                f" {p.reconciled_unknown} unknown; {p.failed_after_acceptance} failed after"
+                " acceptance",
+            )
+        )
+    rows.append(("reconciliation round trips", report.reconcile_round_trips))
+    return rows
 
 
 def audit_line(report: Report) -> str:

@@ -29,7 +29,12 @@ from gateway_ledger.entrypoints.simulation.platform import (
     count_deduplicated,
     read_journal,
 )
-from gateway_ledger.entrypoints.simulation.report import FaultReport, Report, SimulationConfig
+from gateway_ledger.entrypoints.simulation.report import (
+    FaultReport,
+    PlatformReport,
+    Report,
+    SimulationConfig,
+)
 from gateway_ledger.entrypoints.simulation.workload import Turn, build_turns, default_platforms
 
 WORKER_MODULE = "gateway_ledger.entrypoints.simulation.worker"
@@ -46,7 +51,11 @@ class Simulation:
         self.db = config.db or str(self.run_dir / "ledger.db")
         self.turns, dead = build_turns(config.seed, config.conversations, config.turns)
         self.platforms = default_platforms(dead)
-        self.report = Report(seed=config.seed, db=self.db)
+        self.report = Report(seed=config.seed, db=self.db, reconcile=config.reconcile)
+        self.report.platforms = {
+            name: PlatformReport(reconciles=b.reconcile if config.reconcile else "none")
+            for name, b in self.platforms.items()
+        }
         self.spec_path = self.run_dir / "spec.json"
         self.workers: dict[int, subprocess.Popen[bytes]] = {}
         spec: dict[str, Any] = {
@@ -55,6 +64,7 @@ class Simulation:
             "journal_dir": str(self.run_dir),
             "run_dir": str(self.run_dir),
             "workers": config.workers,
+            "reconcile": config.reconcile,
             "platforms": {n: b.to_dict() for n, b in self.platforms.items()},
             "turns": [t.to_dict() for t in self.turns],
         }
@@ -240,6 +250,7 @@ class Simulation:
                     self.faults.count_unreadable(turn, got_by_part)
                     continue
                 r.obligations += 1
+                tally_platform(r.platforms[turn.platform], history)
                 missing, marked, unlabelled = tally(got_by_part)
                 r.unlabelled_duplicates += unlabelled
                 if self.faults is not None:
@@ -269,6 +280,10 @@ class Simulation:
                 audit = ledger.audit_duplicates()
                 r.audit_problems = audit.counts()
                 r.audit_labelled_duplicates = audit.labelled_duplicates
+                platform_of = {self.oid(t): t.platform for t in self.turns}
+                for dup in audit.possible_duplicates:
+                    if dup.labelled and dup.obligation_id in platform_of:
+                        r.platforms[platform_of[dup.obligation_id]].labelled_duplicates += 1
             else:
                 self.faults.audit(ledger)
         finally:
@@ -277,8 +292,33 @@ class Simulation:
         if self.faults is not None:
             self.faults.count_messages(copies)
         for path in self.run_dir.glob("*-*-*.json"):  # one per gateway process that finished
-            r.ledger_faults += json.loads(path.read_text()).get("ledger_faults", 0)
+            figures = json.loads(path.read_text())
+            r.ledger_faults += figures.get("ledger_faults", 0)
+            r.reconcile_round_trips += figures.get("reconcile_round_trips", 0)
+            r.reconcile_bad_answers += figures.get("reconcile_bad_answers", 0)
         r.obligations_per_second = round(r.obligations / r.seconds, 1) if r.seconds else 0.0
+
+
+def tally_platform(p: PlatformReport, history: list[Any]) -> None:
+    """One obligation's history, counted into its platform's figures (ADR 0050)."""
+    p.obligations += 1
+    for entry in history:
+        fields = entry.fields
+        ambiguous = entry.type == "Failed" and fields.get("classification") == "ambiguous"
+        if ambiguous or (entry.type == "Claimed" and fields.get("needs_marker")):
+            p.uncertain_sends += 1
+        elif entry.type == "Reconciled":
+            outcome = fields.get("outcome")
+            if outcome == "arrived":
+                p.reconciled_arrived += 1
+            elif outcome == "not_arrived":
+                p.reconciled_not_arrived += 1
+            else:
+                p.reconciled_unknown += 1
+        elif entry.type == "StatusReported":
+            p.status_reports += 1
+            if fields.get("status") == "failed_after_acceptance":
+                p.failed_after_acceptance += 1
 
 
 def part_key(msg: Received) -> tuple[str, str, str]:

@@ -15,13 +15,19 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import attrs
 
 from gateway_ledger.application.delivery.ports import AdapterBase, SendResult
+from gateway_ledger.application.delivery.reconciliation import (
+    ReconcileAnswer,
+    ReconcileQuery,
+    obligation_of,
+)
 from gateway_ledger.domain.values import DeliveryTarget, ErrorClass, MediaItem
 
 JOURNAL_SCHEMA = """
@@ -35,13 +41,45 @@ CREATE TABLE IF NOT EXISTS received (
     idempotency_key TEXT UNIQUE,
     sender_pid INTEGER NOT NULL,
     at REAL NOT NULL,
-    sent_at REAL
+    sent_at REAL,
+    nonce TEXT,
+    failed INTEGER NOT NULL DEFAULT 0
 );
+CREATE INDEX IF NOT EXISTS received_nonce ON received (nonce);
+CREATE INDEX IF NOT EXISTS received_chat ON received (chat_id, seq);
 CREATE TABLE IF NOT EXISTS deduplicated (
     idempotency_key TEXT NOT NULL,
     at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS callbacks (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    nonce TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    status TEXT NOT NULL,
+    at REAL NOT NULL,
+    claimed_by INTEGER,
+    tries INTEGER NOT NULL DEFAULT 0,
+    done INTEGER NOT NULL DEFAULT 0
+);
 """
+"""``received``: what the platform took (``failed``: it dropped the message after taking
+it, so the user never saw it; ``nonce``: the key the gateway placed on it). ``callbacks``:
+the status webhooks the platform owes the gateway, delivered by whichever gateway of the
+run is connected, and re-delivered when the one that took one died before it landed."""
+
+RECONCILE_KINDS = ("none", "nonce", "history", "callbacks")
+"""How a simulated platform answers reconciliation (ADR 0050): not at all (Telegram
+has no way), by the nonce echoed on the message (Discord ``nonce``), by a paged,
+rate-limited read of the chat's history (Slack ``conversations.history`` with
+``client_msg_id``), or from the status webhooks already received (WhatsApp)."""
+
+
+StatusSink = Callable[[str, str, datetime, str, str], Awaitable[bool]]
+"""``Gateway.report_status(obligation_id, status, at, detail, message_id)``."""
+STATUS_POLL = 0.02
+"""Seconds between two looks for owed status webhooks."""
+MAX_STATUS_TRIES = 250
+"""Deliveries of one status webhook before the platform gives up on it (``done = 2``)."""
 
 
 @attrs.frozen
@@ -57,6 +95,11 @@ class PlatformBehaviour:
     dead_chats: frozenset[str] = frozenset()
     idempotent: bool = False
     hold_after_arrival: float = 0.0  # widen the window where a kill loses the confirmation
+    reconcile: str = "none"  # one of RECONCILE_KINDS
+    failed_after_acceptance: float = 0.0  # taken, then dropped: a status callback says so
+    device_statuses: float = 0.0  # share of messages whose delivered/read callbacks follow
+    history_page: int = 20  # messages per history read (one page: one round trip)
+    history_rate: float = 50.0  # history reads per second before the platform says 429
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PlatformBehaviour:
@@ -105,6 +148,8 @@ class SimulatedPlatform(AdapterBase):
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"platform-{platform}"
         )
+        self._sink: StatusSink | None = None
+        self._poller: asyncio.Task[None] | None = None
 
     async def connect(self) -> None:
         loop = asyncio.get_running_loop()
@@ -116,9 +161,90 @@ class SimulatedPlatform(AdapterBase):
         return self._conn
 
     def close(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
         self._pool.shutdown(wait=True)
         if self._conn is not None:
             self._conn.close()
+
+    # -- status webhooks (ADR 0050) ----------------------------------------------------------
+
+    def attach_status_sink(self, sink: StatusSink) -> None:
+        """The gateway's hook: statuses the platform reports after it took a message are
+        handed to ``sink``, in the order the platform sent them, by a poller on this loop."""
+        self._sink = sink
+        if self._poller is None:
+            self._poller = asyncio.get_running_loop().create_task(self._deliver_statuses())
+
+    async def drain(self, timeout: float = 10.0) -> None:
+        """Wait until no status webhook is owed (or ``timeout``): a finishing gateway
+        delivers what its platform still has to say before it exits."""
+        loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not await loop.run_in_executor(self._pool, self._callbacks_owed):
+                return
+            await asyncio.sleep(STATUS_POLL)
+
+    def _callbacks_owed(self) -> int:
+        row = self._connection().execute("SELECT COUNT(*) FROM callbacks WHERE done = 0").fetchone()
+        return int(row[0])
+
+    async def _deliver_statuses(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await loop.run_in_executor(self._pool, self._take_callbacks)
+            for row_id, nonce, message_id, status, at in batch:
+                sink = self._sink
+                landed = False
+                if sink is not None:
+                    try:
+                        await sink(
+                            obligation_of(nonce),
+                            status,
+                            datetime.fromtimestamp(at, UTC),
+                            "",
+                            message_id,
+                        )
+                        landed = True
+                    except Exception:
+                        landed = False  # not now (its Delivered has not landed): again later
+                await loop.run_in_executor(self._pool, self._settle_callback, row_id, landed)
+            await asyncio.sleep(STATUS_POLL)
+
+    def _take_callbacks(self) -> list[tuple[int, str, str, str, float]]:
+        """The owed webhooks nobody alive is delivering, oldest first, taken by this process."""
+        conn = self._connection()
+        with self._lock:
+            rows = conn.execute(
+                "SELECT id, nonce, message_id, status, at, claimed_by FROM callbacks"
+                " WHERE done = 0 ORDER BY id LIMIT 50"
+            ).fetchall()
+            me = os.getpid()
+            taken = []
+            for row_id, nonce, message_id, status, at, claimed_by in rows:
+                if claimed_by not in (None, me) and pid_running(claimed_by):
+                    continue
+                cur = conn.execute(
+                    "UPDATE callbacks SET claimed_by = ? WHERE id = ? AND done = 0"
+                    " AND (claimed_by IS ? OR claimed_by = ?)",
+                    (me, row_id, claimed_by, claimed_by),
+                )
+                if cur.rowcount:
+                    taken.append((row_id, nonce, message_id, status, at))
+            return taken
+
+    def _settle_callback(self, row_id: int, landed: bool) -> None:
+        conn = self._connection()
+        with self._lock:
+            if landed:
+                conn.execute("UPDATE callbacks SET done = 1 WHERE id = ?", (row_id,))
+            else:  # refused for now; a platform stops re-delivering a webhook at some point
+                conn.execute(
+                    "UPDATE callbacks SET claimed_by = NULL, tries = tries + 1,"
+                    " done = CASE WHEN tries + 1 >= ? THEN 2 ELSE 0 END WHERE id = ?",
+                    (MAX_STATUS_TRIES, row_id),
+                )
 
     async def send(
         self,
@@ -148,6 +274,7 @@ class SimulatedPlatform(AdapterBase):
             raise TimeoutError("request timed out before it was sent")
         roll -= b.ambiguous_before
         loop = asyncio.get_running_loop()
+        fate = rng.random()
         message_id = await loop.run_in_executor(
             self._pool,
             self._arrive,
@@ -157,6 +284,8 @@ class SimulatedPlatform(AdapterBase):
             media[0].uri if media else None,
             idempotency_key if b.idempotent else None,
             handed_at,
+            idempotency_key,
+            fate,
         )
         await asyncio.sleep(b.hold_after_arrival or rng.uniform(*b.latency))
         if roll < b.ambiguous_after:
@@ -171,6 +300,8 @@ class SimulatedPlatform(AdapterBase):
         media_uri: str | None,
         key: str | None,
         handed_at: float,
+        nonce: str | None = None,
+        fate: float = 1.0,
     ) -> str:
         conn = self._connection()
         with self._lock:
@@ -184,9 +315,15 @@ class SimulatedPlatform(AdapterBase):
                         (key, time.time()),
                     )
                     return f"{self.platform}-{row[0]}"
+            b = self.behaviour
+            # Only a one-part reply's message is ever dropped after acceptance: a status
+            # reopens the whole obligation, which re-sends its last unconfirmed part.
+            fails = nonce is not None and ":" not in nonce and fate < b.failed_after_acceptance
+            conn.execute("BEGIN IMMEDIATE")
             cur = conn.execute(
                 "INSERT INTO received (chat_id, thread_id, reply_to, content, media_uri,"
-                " idempotency_key, sender_pid, at, sent_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " idempotency_key, sender_pid, at, sent_at, nonce, failed)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     target.chat_id,
                     target.thread_id,
@@ -197,9 +334,100 @@ class SimulatedPlatform(AdapterBase):
                     os.getpid(),
                     time.time(),
                     handed_at,
+                    nonce,
+                    int(fails),
                 ),
             )
+            statuses: tuple[str, ...] = ()
+            if fails:
+                statuses = ("failed_after_acceptance",)
+            elif nonce is not None and fate > 1.0 - b.device_statuses:
+                statuses = ("delivered_to_device", "read")
+            for status in statuses:
+                conn.execute(
+                    "INSERT INTO callbacks (nonce, message_id, status, at) VALUES (?, ?, ?, ?)",
+                    (nonce, f"{self.platform}-{cur.lastrowid}", status, time.time()),
+                )
+            conn.execute("COMMIT")
             return f"{self.platform}-{cur.lastrowid}"
+
+
+class ReconcilingPlatform(SimulatedPlatform):
+    """A simulated platform that answers reconciliation (ADR 0050), the way its
+    behaviour's ``reconcile`` says; ``round_trips`` counts the requests it cost."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.round_trips = 0
+        self._bucket = (self.behaviour.history_rate, time.monotonic())
+
+    async def reconcile(self, query: ReconcileQuery) -> ReconcileAnswer:
+        loop = asyncio.get_running_loop()
+        kind = self.behaviour.reconcile
+        if kind == "history":
+            if not self._take_token():
+                return ReconcileAnswer.unknown("history read rate limited (429)")
+            self.round_trips += 1
+            await asyncio.sleep(self._rng.uniform(*self.behaviour.latency))
+            return await loop.run_in_executor(self._pool, self._read_history, query)
+        if kind == "nonce":
+            self.round_trips += 1
+            await asyncio.sleep(self._rng.uniform(*self.behaviour.latency))
+        # "callbacks": the webhooks already received say it: no request to the platform
+        return await loop.run_in_executor(self._pool, self._find_nonce, query, kind)
+
+    def _take_token(self) -> bool:
+        tokens, since = self._bucket
+        now = time.monotonic()
+        rate = self.behaviour.history_rate
+        tokens = min(rate, tokens + (now - since) * rate)
+        if tokens < 1:
+            self._bucket = (tokens, now)
+            return False
+        self._bucket = (tokens - 1, now)
+        return True
+
+    def _find_nonce(self, query: ReconcileQuery, kind: str) -> ReconcileAnswer:
+        row = (
+            self._connection()
+            .execute("SELECT seq FROM received WHERE nonce = ? AND failed = 0", (query.key,))
+            .fetchone()
+        )
+        if row is not None:
+            return ReconcileAnswer.arrived(f"{self.platform}-{row[0]}", evidence=f"{kind} found")
+        return ReconcileAnswer.not_arrived(f"no message with that {kind}")
+
+    def _read_history(self, query: ReconcileQuery) -> ReconcileAnswer:
+        """One page of the chat's newest messages: the key found, or the page reaches back
+        before the window (proof it is not there), or it does not (unknown)."""
+        page = (
+            self._connection()
+            .execute(
+                "SELECT seq, nonce, at, failed FROM received WHERE chat_id = ?"
+                " ORDER BY seq DESC LIMIT ?",
+                (query.target.chat_id, self.behaviour.history_page),
+            )
+            .fetchall()
+        )
+        for seq, nonce, _, failed in page:
+            if nonce == query.key and not failed:
+                return ReconcileAnswer.arrived(f"{self.platform}-{seq}", evidence="in history")
+        covered = len(page) < self.behaviour.history_page or (
+            page and page[-1][2] < query.since.timestamp()
+        )
+        if covered:
+            return ReconcileAnswer.not_arrived(f"history since the window: {len(page)} messages")
+        return ReconcileAnswer.unknown("the window reaches past one page of history")
+
+
+def pid_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @attrs.frozen
@@ -223,7 +451,7 @@ def read_journal(path: str | Path) -> list[Received]:
     try:
         rows = conn.execute(
             "SELECT seq, chat_id, thread_id, reply_to, content, media_uri, idempotency_key,"
-            " sender_pid, sent_at FROM received ORDER BY seq"
+            " sender_pid, sent_at FROM received WHERE failed = 0 ORDER BY seq"
         ).fetchall()
     finally:
         conn.close()

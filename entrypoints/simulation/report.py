@@ -16,6 +16,8 @@ class SimulationConfig:
     kills: int = 8
     db: str | None = None
     faults: bool = False
+    reconcile: bool = True
+    """Adapters that can reconcile do (ADR 0050); ``--no-reconcile`` runs without."""
 
 
 @attrs.define
@@ -44,6 +46,13 @@ class Report:
     seconds: float = 0.0
     obligations_per_second: float = 0.0
     db: str = ""
+    reconcile: bool = True
+    platforms: dict[str, PlatformReport] = attrs.field(factory=dict)
+    """Per platform: possible duplicates labelled, and what reconciliation answered."""
+    reconcile_round_trips: int = 0
+    """Platform requests reconciliation cost (the nonce and history platforms; the
+    callback platform answers from webhooks it already has)."""
+    reconcile_bad_answers: int = 0
     faults: FaultReport | None = None
 
     @property
@@ -69,6 +78,24 @@ class Report:
             d.update(faults)
         d["ok"] = self.ok
         return d
+
+
+@attrs.define
+class PlatformReport:
+    """One platform's figures in a run (ADR 0050)."""
+
+    reconciles: str = "none"
+    obligations: int = 0
+    labelled_duplicates: int = 0
+    """Obligations the audit finds with two or more sends that may have arrived, each
+    after the first labelled (the marker, or the platform's idempotency key)."""
+    uncertain_sends: int = 0
+    """Sends whose outcome was unknown: ambiguous failures, and claims after a send."""
+    reconciled_arrived: int = 0
+    reconciled_not_arrived: int = 0
+    reconciled_unknown: int = 0
+    failed_after_acceptance: int = 0
+    status_reports: int = 0
 
 
 @attrs.define

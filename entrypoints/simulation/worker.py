@@ -28,7 +28,11 @@ from gateway_ledger.application.delivery.ports import Reply, ReplyContext
 from gateway_ledger.application.delivery.scheduling import AsyncioScheduler
 from gateway_ledger.bootstrap import Gateway
 from gateway_ledger.domain.values import LedgerPolicy, MediaItem
-from gateway_ledger.entrypoints.simulation.platform import PlatformBehaviour, SimulatedPlatform
+from gateway_ledger.entrypoints.simulation.platform import (
+    PlatformBehaviour,
+    ReconcilingPlatform,
+    SimulatedPlatform,
+)
 from gateway_ledger.entrypoints.simulation.workload import Turn
 
 TIME_SCALE = 0.01
@@ -43,17 +47,25 @@ def scaled_policy() -> LedgerPolicy:
 
 
 def build_adapters(spec: dict[str, Any], salt: str) -> list[SimulatedPlatform]:
+    """One adapter per connected platform; one that can reconcile does so unless the run
+    is ``--no-reconcile`` (ADR 0050)."""
     journal_dir = Path(spec["journal_dir"])
-    return [
-        SimulatedPlatform(
-            name,
-            journal_dir / f"{name}.db",
-            PlatformBehaviour.from_dict(behaviour),
-            seed=zlib.crc32(f"{spec.get('seed', 0)}|{name}|{salt}".encode()),
+    adapters = []
+    for name, raw in spec["platforms"].items():
+        if name not in spec.get("connected", spec["platforms"]):
+            continue
+        behaviour = PlatformBehaviour.from_dict(raw)
+        reconciles = behaviour.reconcile != "none" and spec.get("reconcile", True)
+        kind = ReconcilingPlatform if reconciles else SimulatedPlatform
+        adapters.append(
+            kind(
+                name,
+                journal_dir / f"{name}.db",
+                behaviour,
+                seed=zlib.crc32(f"{spec.get('seed', 0)}|{name}|{salt}".encode()),
+            )
         )
-        for name, behaviour in spec["platforms"].items()
-        if name in spec.get("connected", spec["platforms"])
-    ]
+    return adapters
 
 
 def forgotten_marker(run_dir: str | Path, conversation: int) -> Path:
@@ -97,13 +109,25 @@ async def main_async(spec: dict[str, Any], role: str, index: int) -> int:
         await asyncio.gather(
             *(run_conversation(gateway, t, stops) for t in by_conversation.values())
         )
-    await scheduler.idle()
+    for _ in range(2):  # statuses owed may reopen replies; their re-sends may owe more
+        await asyncio.gather(*(adapter.drain() for adapter in adapters))
+        await scheduler.idle()
     stats = gateway.stats()
     await gateway.close()
     for adapter in adapters:
         adapter.close()
     out = Path(spec["run_dir"]) / f"{role}-{index}-{os.getpid()}.json"
-    out.write_text(json.dumps({"ledger_faults": stats.ledger_faults, "commits": stats.commits}))
+    trips = sum(getattr(a, "round_trips", 0) for a in adapters)
+    out.write_text(
+        json.dumps(
+            {
+                "ledger_faults": stats.ledger_faults,
+                "commits": stats.commits,
+                "reconcile_round_trips": trips,
+                "reconcile_bad_answers": stats.reconcile_bad_answers,
+            }
+        )
+    )
     if role == "worker":
         (Path(spec["run_dir"]) / f"done-{index}").touch()
     return 0

@@ -56,6 +56,7 @@ def default_platforms(dead: list[str]) -> dict[str, PlatformBehaviour]:
             ambiguous_before=0.02,
             ambiguous_after=0.02,
             dead_chats=frozenset(c for c in dead if c.startswith("telegram")),
+            # cannot reconcile: no nonce, and bots cannot read a chat's history
         ),
         "slack": PlatformBehaviour(
             latency=(0.005, 0.03),
@@ -63,6 +64,7 @@ def default_platforms(dead: list[str]) -> dict[str, PlatformBehaviour]:
             retry_after=(0.05, 0.4),
             ambiguous_after=0.02,
             dead_chats=frozenset(c for c in dead if c.startswith("slack")),
+            reconcile="history",  # conversations.history with client_msg_id: paged, 429s
         ),
         "whatsapp": PlatformBehaviour(
             latency=(0.01, 0.05),
@@ -70,6 +72,9 @@ def default_platforms(dead: list[str]) -> dict[str, PlatformBehaviour]:
             ambiguous_before=0.03,
             ambiguous_after=0.03,
             dead_chats=frozenset(c for c in dead if c.startswith("whatsapp")),
+            reconcile="callbacks",  # statuses sent/delivered/read/failed by webhook
+            failed_after_acceptance=0.05,
+            device_statuses=0.3,
         ),
         "discord": PlatformBehaviour(  # honours idempotency keys (nonce + enforce_nonce)
             latency=(0.002, 0.02),
@@ -77,6 +82,7 @@ def default_platforms(dead: list[str]) -> dict[str, PlatformBehaviour]:
             ambiguous_after=0.05,
             idempotent=True,
             dead_chats=frozenset(c for c in dead if c.startswith("discord")),
+            reconcile="nonce",  # the nonce echoed back on the message
         ),
     }
 
