@@ -306,6 +306,7 @@ class Gateway(delivery_gateway.Gateway):
         ledger_deadline: float = DEFAULT_LEDGER_DEADLINE,
         writer: EventWriter | None = None,
         write_behind: bool = True,
+        **options: Any,
     ) -> None:
         super().__init__(
             ledger,
@@ -316,6 +317,7 @@ class Gateway(delivery_gateway.Gateway):
             command_prefixes=command_prefixes,
             ledger_deadline=ledger_deadline,
             write_behind=write_behind,
+            **options,  # reconcile_deadline (ADR 0050)
         )
 
     @classmethod

@@ -36,6 +36,7 @@ from gateway_ledger.application.delivery.reconciliation import (
     Reconciler,
     can_reconcile,
     send_key,
+    wants_key,
 )
 from gateway_ledger.application.delivery.recovery import load_for_sending
 from gateway_ledger.application.delivery.scheduling import Scheduler
@@ -430,7 +431,7 @@ class Courier:
         agg, adapter = flight.agg, flight.adapter
         target = agg.target
         # A reconciling adapter gets the key too, to place on the message (ADR 0050).
-        keyed = flight.guard is SendGuard.IDEMPOTENCY_KEY or can_reconcile(adapter)
+        keyed = flight.guard is SendGuard.IDEMPOTENCY_KEY or wants_key(adapter)
         marker = flight.guard is SendGuard.MARKER
         parts = [p for p in outgoing_parts(agg) if not agg.part_delivered(p.index)]
         single = agg.part_count <= 1

@@ -86,6 +86,12 @@ def can_reconcile(adapter: object) -> bool:
     return callable(getattr(adapter, "reconcile", None))
 
 
+def wants_key(adapter: object) -> bool:
+    """Whether sends through ``adapter`` carry the send's key: it reconciles by it, or
+    its status callbacks name the obligation by it (``attach_status_sink``)."""
+    return can_reconcile(adapter) or callable(getattr(adapter, "attach_status_sink", None))
+
+
 def send_key(obligation_id: str, part: int, single: bool) -> str:
     """The key placed on a send: the obligation id, or ``<id>:<part>`` for one part of
     many (the same rule as the idempotency key, ADR 0041)."""

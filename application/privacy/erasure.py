@@ -108,7 +108,7 @@ DELIVERY_PRIVACY = PrivacyPolicy(
     ),
     SealedEvent(
         DeliveryObligation.StatusReported,
-        ("detail",),
+        ("detail", "message_id"),
         clear=(
             "by",
             "status",
@@ -119,6 +119,7 @@ DELIVERY_PRIVACY = PrivacyPolicy(
             "platform",
             "recorded_at",
             "recovery_attempts",
+            "part",
         ),
     ),
     InClear(

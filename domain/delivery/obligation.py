@@ -147,6 +147,8 @@ class DeliveryObligation(Aggregate):
     last_transition_at: datetime
     platform_status: PlatformStatus | None
     """The last status the platform reported after accepting the delivered send (ADR 0050)."""
+    status_message_id: str | None
+    """The message that status was about, when the platform named it."""
 
     # -- events -----------------------------------------------------------------------------
     #
@@ -209,6 +211,7 @@ class DeliveryObligation(Aggregate):
             obligation.quarantine_reason = None
             obligation.last_transition_at = self.timestamp
             obligation.platform_status = None
+            obligation.status_message_id = None
 
     class Attempting(Event):
         """The owner starts a send. ``guard``: what the sender did against an unannounced
@@ -839,8 +842,21 @@ class DeliveryObligation(Aggregate):
             return False
         current = ACCEPTED_RANK if self.platform_status is None else self.platform_status.rank
         if self.platform_status is not None and judged.rank <= current:
-            return False
+            another_failure = (
+                judged is PlatformStatus.FAILED_AFTER_ACCEPTANCE
+                and message_id is not None
+                and message_id != self.status_message_id
+            )
+            if not another_failure:
+                return False  # repeated or behind: changes nothing
+            # another part failed too: recorded once the re-send was delivered (refused now)
         self.check_state(f"status {judged.value}", ObligationState.DELIVERED)
+        part = None
+        if judged is PlatformStatus.FAILED_AFTER_ACCEPTANCE and message_id is not None:
+            part = next(
+                (int(i) for i, ids in self.delivered_parts.items() if str(message_id) in ids),
+                None,
+            )
         after = marker_after(self.marker, self.StatusReported.send_fact({"status": judged.value}))
         self.trigger_event(
             self.StatusReported,
@@ -854,6 +870,8 @@ class DeliveryObligation(Aggregate):
             platform=self.target.platform,
             recorded_at=self.recorded_at,
             recovery_attempts=self.recovery_attempts,
+            part=part,
+            message_id=None if message_id is None else str(message_id),
             timestamp=now,
         )
         return True

@@ -316,9 +316,7 @@ class SimulatedPlatform(AdapterBase):
                     )
                     return f"{self.platform}-{row[0]}"
             b = self.behaviour
-            # Only a one-part reply's message is ever dropped after acceptance: a status
-            # reopens the whole obligation, which re-sends its last unconfirmed part.
-            fails = nonce is not None and ":" not in nonce and fate < b.failed_after_acceptance
+            fails = nonce is not None and fate < b.failed_after_acceptance
             conn.execute("BEGIN IMMEDIATE")
             cur = conn.execute(
                 "INSERT INTO received (chat_id, thread_id, reply_to, content, media_uri,"

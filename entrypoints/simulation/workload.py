@@ -73,7 +73,7 @@ def default_platforms(dead: list[str]) -> dict[str, PlatformBehaviour]:
             ambiguous_after=0.03,
             dead_chats=frozenset(c for c in dead if c.startswith("whatsapp")),
             reconcile="callbacks",  # statuses sent/delivered/read/failed by webhook
-            failed_after_acceptance=0.05,
+            failed_after_acceptance=0.03,
             device_statuses=0.3,
         ),
         "discord": PlatformBehaviour(  # honours idempotency keys (nonce + enforce_nonce)
