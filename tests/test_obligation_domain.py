@@ -65,6 +65,8 @@ STORED_EVENTS = (
     "RetryRequested",
     "Abandoned",
     "Quarantined",
+    "Reconciled",
+    "StatusReported",
 )
 
 

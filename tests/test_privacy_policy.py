@@ -136,6 +136,16 @@ def write_every_event_type(ledger: DeliveryLedger, store: SessionStore) -> None:
     )
     ledger.save(obligation)  # PartDelivered
     ledger.mark_failed(oid, "failure-text-PII-4711", "ambiguous")
+    obligation = ledger.repository.get(DeliveryObligation.create_id(oid))
+    obligation.reconcile(  # Reconciled: part 1 arrived, the media part is still owed
+        by=ledger.owner,
+        now=ledger.clock(),
+        outcome="arrived",
+        evidence="evidence-PII-4711",
+        message_ids=["reconciled-id-PII-4711"],
+        part=1,
+    )
+    ledger.save(obligation)
     claimer = OwnerIdentity(host="other-host", boot_id="b", pid=4242, start_time=1)
     obligation = ledger.repository.get(DeliveryObligation.create_id(oid))
     obligation.claim(by=claimer, now=ledger.clock(), policy=ledger.policy)
@@ -145,6 +155,9 @@ def write_every_event_type(ledger: DeliveryLedger, store: SessionStore) -> None:
     ledger.retry(oid, "operator-label")  # RetryRequested
     ledger.mark_attempting(oid)
     ledger.mark_delivered(oid, ["final-receipt-PII-4711"])
+    ledger.report_status(  # StatusReported, reopening it
+        oid, "failed_after_acceptance", None, "status-detail-PII-4711", "final-receipt-PII-4711"
+    )
     ledger.record_obligation(
         obligation_id="o-dropped", session_key=key, platform="telegram", chat_id="c", content="x"
     )

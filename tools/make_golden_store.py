@@ -212,6 +212,19 @@ def write_ledger(location: Path, clock: Clock, keys: dict[str, str]) -> None:
         clock.at(101)
         a.mark_delivered("g-delivered", ["tg-1"])
 
+        # Reconciled (ADR 0050): an ambiguous failure, then the platform says it arrived,
+        # which settles it Delivered; then its statuses (StatusReported), a late repeat.
+        clock.at(102)
+        record(a, "g-reconciled", dm, platform="whatsapp", chat_id="wa-7")
+        a.mark_attempting("g-reconciled", guard="none")
+        a.mark_failed("g-reconciled", "timeout after the request left", "ambiguous")
+        clock.at(103)
+        reconcile(a, "g-reconciled", "arrived", ["wa-70"], "callback found")
+        clock.at(104)
+        a.report_status("g-reconciled", "delivered_to_device", clock.at(104), "", "wa-70")
+        a.report_status("g-reconciled", "read", clock.at(105), "", "wa-70")
+        a.report_status("g-reconciled", "delivered_to_device", clock.at(106))  # changes nothing
+
         # Multi-part: one part confirmed, rate-limited, claimed by B without the marker
         # (the refused part never arrived), the other part and the whole delivered by B.
         clock.at(110)
@@ -367,6 +380,18 @@ def ack_part(
     obligation: DeliveryObligation = ledger.repository.get(ledger.aggregate_id(oid))
     obligation.acknowledge_part(
         by=ledger.owner, now=ledger.clock(), index=index, receipt=receipt, fence=fence
+    )
+    ledger.save(obligation)
+
+
+def reconcile(
+    ledger: DeliveryLedger, oid: str, outcome: str, ids: list[str], evidence: str
+) -> None:
+    """Reconciled: written by the gateway before a re-send (ADR 0050); through the
+    library's public repository and save, as ``ack_part``."""
+    obligation: DeliveryObligation = ledger.repository.get(ledger.aggregate_id(oid))
+    obligation.reconcile(
+        by=ledger.owner, now=ledger.clock(), outcome=outcome, evidence=evidence, message_ids=ids
     )
     ledger.save(obligation)
 

@@ -751,7 +751,14 @@ class Courier:
         adapter = self.adapters.get(agg.platform)
         if adapter is None or agg.owner != self.owner:
             return True  # the boot sweep of a gateway with that platform re-sends it
-        flight = Flight(agg=agg, adapter=adapter, lease_epoch=self.lease_epoch())
+        # The runtime backoff is spent across reopenings: a platform that keeps dropping
+        # it leaves it to the boot sweep, whose recovery budget then applies.
+        flight = Flight(
+            agg=agg,
+            adapter=adapter,
+            lease_epoch=self.lease_epoch(),
+            runtime_retries=agg.failures_after_acceptance - 1,
+        )
         delay = self._retry_delay(flight, ErrorClass.REJECTED, None)
         if delay is not None:
             self.counters.retries_scheduled += 1

@@ -469,10 +469,18 @@ class DeliveryLedger(Application[UUID], ABC):
         since: datetime | None = None,
         session: str | None = None,
         limit: int | None = None,
+        status: str | None = None,
     ) -> tuple[IndexEntry, ...]:
-        """Obligations from the index, oldest first (``session`` is a session key)."""
+        """Obligations from the index, oldest first (``session`` is a session key;
+        ``status``: the last status their platform reported, e.g. ``read``)."""
         return list_obligations(
-            self, state=state, platform=platform, since=since, session=session, limit=limit
+            self,
+            state=state,
+            platform=platform,
+            since=since,
+            session=session,
+            limit=limit,
+            status=status,
         )
 
     # -- helpers ------------------------------------------------------------------------------

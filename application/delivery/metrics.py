@@ -81,6 +81,15 @@ def prometheus_text(stats: LedgerStats) -> str:
     sample("obligations_claimed_total", stats.obligations_claimed)
     family("operator_retries_total", "counter", "Retries requested by operators.")
     sample("operator_retries_total", stats.operator_retries)
+    family(
+        "failed_after_acceptance_total",
+        "counter",
+        "Sends a platform dropped after accepting them; each reopened its obligation.",
+    )
+    sample("failed_after_acceptance_total", stats.failed_after_acceptance)
+    family("platform_status_obligations", "gauge", "Delivered obligations by platform status.")
+    for status, n in stats.by_platform_status.items():
+        sample("platform_status_obligations", n, status=status)
     family("event_log_position", "gauge", "Id of the newest event notification.")
     sample("event_log_position", stats.log_position)
     family("projection_position", "gauge", "Last notification a projection reflects.")

@@ -17,12 +17,14 @@ import attrs
 from gateway_ledger.application.delivery.ledger_ports import LedgerPort
 from gateway_ledger.application.delivery.views import HistoryEntry, ObligationStatus
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation
+from gateway_ledger.domain.delivery.reconciliation import PlatformStatus
 from gateway_ledger.domain.errors import InvalidInput, NotFound
 from gateway_ledger.domain.values import (
     QUARANTINED,
     AbandonReason,
     ObligationState,
     require_aware,
+    require_choice,
     require_clear_text,
     require_text,
 )
@@ -79,6 +81,12 @@ class LedgerStats:
     quarantined_ids: tuple[str, ...]
     log_position: int
     projections: tuple[ProjectionStatus, ...]
+    failed_after_acceptance: int = 0
+    """Sends the platforms dropped after accepting them; each reopened its obligation
+    (ADR 0050)."""
+    by_platform_status: dict[str, int] = attrs.field(factory=dict)
+    """Delivered obligations by the last status their platform reported (``read``,
+    ``delivered_to_device``)."""
 
     def to_dict(self) -> dict[str, Any]:
         data = attrs.asdict(self, recurse=True)
@@ -101,8 +109,14 @@ def compute_stats(ledger: LedgerPort, now: datetime | None = None) -> LedgerStat
     tally = index.tally(max_quarantined_ids=MAX_QUARANTINED_IDS)
     by_state = dict.fromkeys(STATES, 0)
     by_platform: dict[str, dict[str, int]] = {}
-    claims = claimed = retries = 0
+    claims = claimed = retries = failed_after = 0
+    by_status = {
+        s.value: 0 for s in PlatformStatus if s is not PlatformStatus.FAILED_AFTER_ACCEPTANCE
+    }
     for group in tally.groups:
+        failed_after += group.failed_after_acceptance
+        by_status[PlatformStatus.READ] += group.read
+        by_status[PlatformStatus.DELIVERED_TO_DEVICE] += group.delivered_to_device
         by_state[group.state] = by_state.get(group.state, 0) + group.obligations
         per = by_platform.setdefault(group.platform, dict.fromkeys(STATES, 0))
         per[group.state] = per.get(group.state, 0) + group.obligations
@@ -142,6 +156,8 @@ def compute_stats(ledger: LedgerPort, now: datetime | None = None) -> LedgerStat
         quarantined_ids=quarantined_ids,
         log_position=ledger.recorder.max_notification_id() or 0,
         projections=tuple(projection_status(ledger, name) for name in PROJECTION_NAMES),
+        failed_after_acceptance=failed_after,
+        by_platform_status={str(s): n for s, n in by_status.items()},
     )
 
 
@@ -153,10 +169,14 @@ def list_obligations(
     since: datetime | None = None,
     session: str | None = None,
     limit: int | None = None,
+    status: str | None = None,
 ) -> tuple[IndexEntry, ...]:
-    """Obligations from the index, oldest first; ``session`` is a session key (hashed here)."""
+    """Obligations from the index, oldest first; ``session`` is a session key (hashed here);
+    ``status``: the last status their platform reported (ADR 0050)."""
     if state is not None and state not in STATES:
         raise InvalidInput(f"unknown state {state!r} (one of {', '.join(STATES)})")
+    if status is not None:
+        status = str(require_choice("platform status", status, PlatformStatus).value)
     if platform is not None:
         platform = require_clear_text("platform", platform)
     if since is not None:
@@ -170,7 +190,12 @@ def list_obligations(
     index = ledger.obligation_index
     index.catch_up()
     query = IndexQuery(
-        state=state, platform=platform, recorded_since=since, subject_id=subject_id, limit=limit
+        state=state,
+        platform=platform,
+        platform_status=status,
+        recorded_since=since,
+        subject_id=subject_id,
+        limit=limit,
     )
     return tuple(index.entries(query))
 

@@ -149,6 +149,8 @@ class DeliveryObligation(Aggregate):
     """The last status the platform reported after accepting the delivered send (ADR 0050)."""
     status_message_id: str | None
     """The message that status was about, when the platform named it."""
+    failures_after_acceptance: int
+    """How often a platform dropped a send of it after accepting it (each reopened it)."""
 
     # -- events -----------------------------------------------------------------------------
     #
@@ -212,6 +214,7 @@ class DeliveryObligation(Aggregate):
             obligation.last_transition_at = self.timestamp
             obligation.platform_status = None
             obligation.status_message_id = None
+            obligation.failures_after_acceptance = 0
 
     class Attempting(Event):
         """The owner starts a send. ``guard``: what the sender did against an unannounced
@@ -424,6 +427,11 @@ class DeliveryObligation(Aggregate):
         platform: str
         recorded_at: datetime
         recovery_attempts: int
+        part: int | None = None
+        """The part of a multi-part reply whose message failed, when an earlier one than
+        the last: it alone is sent again (the last is kept as confirmed)."""
+        message_id: str | None = None
+        """The platform's id of the message the status is about (None: not said)."""
 
         marker_decision = "may_have_arrived"
 
@@ -435,7 +443,16 @@ class DeliveryObligation(Aggregate):
         def apply(self, obligation: DeliveryObligation) -> None:
             status = PlatformStatus(self.status)
             obligation.platform_status = status
+            obligation.status_message_id = self.message_id
+            if self.part is not None:
+                parts = obligation.delivered_parts
+                earlier = {i for ids in parts.values() for i in ids}
+                for index in range(obligation.part_count):
+                    if str(index) not in parts:  # the last part, confirmed by Delivered
+                        parts[str(index)] = [i for i in obligation.receipt if i not in earlier]
+                del parts[str(self.part)]
             if status is PlatformStatus.FAILED_AFTER_ACCEPTANCE:
+                obligation.failures_after_acceptance += 1
                 obligation.state = ObligationState.FAILED
                 obligation.last_error = self.detail or status.value
                 obligation.error_class = ErrorClass.REJECTED
@@ -838,19 +855,19 @@ class DeliveryObligation(Aggregate):
         judged = require_choice("platform status", status, PlatformStatus)
         if not isinstance(detail, str):
             raise InvalidInput("detail must be a str")
-        if message_id is not None and str(message_id) not in self.receipt:
-            return False
+        failed = judged is PlatformStatus.FAILED_AFTER_ACCEPTANCE
+        mid = None if message_id is None else str(message_id)
+        if self.state is not ObligationState.DELIVERED:
+            if failed and self.platform_status is judged and mid in (None, self.status_message_id):
+                return False  # the failure that reopened it, repeated
+            # Not delivered yet (its Delivered not written) or reopened: refused, by name.
+            self.check_state(f"status {judged.value}", ObligationState.DELIVERED)
+        if mid is not None and mid not in self.receipt:
+            return False  # about an earlier send's message
         current = ACCEPTED_RANK if self.platform_status is None else self.platform_status.rank
-        if self.platform_status is not None and judged.rank <= current:
-            another_failure = (
-                judged is PlatformStatus.FAILED_AFTER_ACCEPTANCE
-                and message_id is not None
-                and message_id != self.status_message_id
-            )
-            if not another_failure:
-                return False  # repeated or behind: changes nothing
-            # another part failed too: recorded once the re-send was delivered (refused now)
-        self.check_state(f"status {judged.value}", ObligationState.DELIVERED)
+        another_failure = failed and mid is not None and mid != self.status_message_id
+        if self.platform_status is not None and judged.rank <= current and not another_failure:
+            return False  # repeated or behind: changes nothing
         part = None
         if judged is PlatformStatus.FAILED_AFTER_ACCEPTANCE and message_id is not None:
             part = next(
@@ -871,7 +888,7 @@ class DeliveryObligation(Aggregate):
             recorded_at=self.recorded_at,
             recovery_attempts=self.recovery_attempts,
             part=part,
-            message_id=None if message_id is None else str(message_id),
+            message_id=mid,
             timestamp=now,
         )
         return True

@@ -58,6 +58,15 @@ def _facts(kind: str, f: dict[str, Any]) -> str:
         facts.append(f"by operator {f.get('requested_by') or '?'}")
     if kind == "Recorded":
         facts.append(f"platform={f['target'].platform}")
+    if kind == "Reconciled":
+        part = "" if f.get("part") is None else f" part={f['part']}"
+        facts.append(f"outcome={f.get('outcome')}{part} ids={len(f.get('message_ids') or [])}")
+        if f.get("completes"):
+            facts.append("settled")
+    if kind == "StatusReported":
+        facts.append(f"status={f.get('status')}")
+        if f.get("part") is not None:
+            facts.append(f"part={f['part']}")
     return " ".join(facts)
 
 

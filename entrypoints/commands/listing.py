@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from gateway_ledger.application.delivery.operations import STATES
+from gateway_ledger.domain.delivery.reconciliation import PlatformStatus
 from gateway_ledger.entrypoints.console import (
     Subcommands,
     add_common,
@@ -24,6 +25,11 @@ def register(subparsers: Subcommands) -> None:
     )
     parser.add_argument("--state", choices=STATES, help="only this state")
     parser.add_argument("--platform", help="only this platform")
+    parser.add_argument(
+        "--status",
+        choices=[s.value for s in PlatformStatus],
+        help="only those whose platform last reported this status (e.g. read)",
+    )
     parser.add_argument(
         "--since", metavar="T", help="recorded at or after T (ISO 8601, or an age: 15m, 2h, 3d)"
     )
@@ -46,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
         since=since,
         session=args.session,
         limit=args.limit,
+        status=args.status,
     )
     if args.json:
         print_json({"obligations": [e.to_dict() for e in entries], "count": len(entries)})
@@ -53,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     rows = [
         [
             e.obligation_id,
-            e.state,
+            e.state if e.platform_status is None else f"{e.state} ({e.platform_status})",
             e.platform,
             e.recorded_at,
             e.send_attempts,

@@ -68,6 +68,11 @@ def run(args: argparse.Namespace) -> int:
         f"  recovery claims: {stats.recovery_claims} "
         f"(on {stats.obligations_claimed} obligations), operator retries: {stats.operator_retries}"
     )
+    seen = ", ".join(f"{s} {n}" for s, n in stats.by_platform_status.items())
+    print(
+        f"  platform statuses: {seen}; failed after acceptance (reopened):"
+        f" {stats.failed_after_acceptance}"
+    )
     print()
     views = [[p.name, p.position, p.lag, p.rows] for p in stats.projections]
     print(table(["projection", "position", "lag", "rows"], views, indent="  "))

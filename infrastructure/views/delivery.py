@@ -44,6 +44,11 @@ from gateway_ledger.projections.delivery.recoverable import (
 
 QUARANTINE_COLUMN_TYPES = {"quarantine_reason": "TEXT", "quarantine_version": "BIGINT"}
 """The quarantine columns' SQL types (a view made before ADR 0027 gains them)."""
+STATUS_COLUMN_TYPES = {
+    "platform_status": "TEXT",
+    "failed_after_acceptance": "INTEGER NOT NULL DEFAULT 0",
+}
+"""The index's platform-status columns (ADR 0050; an index made before gains them)."""
 
 STILL_READ = (
     f"({{row}}quarantine_reason IS NULL OR {{row}}quarantine_reason = '{STILL_READ_REASON}')"
@@ -173,6 +178,10 @@ class SqlObligationIndex(SqlObligationView, ObligationIndexView):
     def renamed(self, name: str) -> SqlObligationIndex:
         return SqlObligationIndex(self.app, name)
 
+    def create_tables(self, cursor: Cursor, dialect: SqlDialect) -> None:
+        super().create_tables(cursor, dialect)
+        dialect.add_missing_columns(cursor, self.name, STATUS_COLUMN_TYPES)
+
     def prepare(self) -> None:
         """Set the keyring up before the view's transaction: naming a subject from a clear
         session key needs it, and its first set-up writes through another connection,
@@ -187,6 +196,7 @@ class SqlObligationIndex(SqlObligationView, ObligationIndexView):
         for column, value in (
             ("state", query.state),
             ("platform", query.platform),
+            ("platform_status", query.platform_status),
             ("subject_id", query.subject_id),
         ):
             if value is not None:
@@ -208,6 +218,10 @@ class SqlObligationIndex(SqlObligationView, ObligationIndexView):
             c.execute(
                 "SELECT platform, state, COUNT(*) AS n, SUM(claims) AS claims, "
                 "SUM(CASE WHEN claims > 0 THEN 1 ELSE 0 END) AS claimed, "
+                "SUM(failed_after_acceptance) AS failed_after, "
+                "SUM(CASE WHEN platform_status = 'read' THEN 1 ELSE 0 END) AS read, "
+                "SUM(CASE WHEN platform_status = 'delivered_to_device' THEN 1 ELSE 0 END)"
+                " AS on_device, "
                 f"SUM(retries) AS retries FROM {table} GROUP BY platform, state"
             )
             groups = tuple(
@@ -218,6 +232,9 @@ class SqlObligationIndex(SqlObligationView, ObligationIndexView):
                     claims=int(row["claims"] or 0),
                     claimed=int(row["claimed"] or 0),
                     retries=int(row["retries"] or 0),
+                    failed_after_acceptance=int(row["failed_after"] or 0),
+                    read=int(row["read"] or 0),
+                    delivered_to_device=int(row["on_device"] or 0),
                 )
                 for row in c.fetchall()
             )

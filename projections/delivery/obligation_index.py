@@ -79,6 +79,10 @@ class IndexEntry:
     version: int
     quarantine_reason: str | None = None
     quarantine_version: int | None = None
+    platform_status: str | None = None
+    """The last status the platform reported after accepting it (ADR 0050)."""
+    failed_after_acceptance: int = 0
+    """Times the platform dropped it after accepting it (each reopened it)."""
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> IndexEntry:
@@ -106,6 +110,8 @@ class IndexEntry:
             quarantine_version=(
                 None if row["quarantine_version"] is None else int(row["quarantine_version"])
             ),
+            platform_status=row["platform_status"],
+            failed_after_acceptance=int(row["failed_after_acceptance"] or 0),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -131,6 +137,7 @@ def owner_values(owner: OwnerIdentity) -> dict[str, Value]:
 _ONE_MORE_SEND: Mapping[str, Relative] = {"send_attempts": Add(1)}
 _ONE_MORE_CLAIM: Mapping[str, Relative] = {"claims": Add(1)}
 _ONE_MORE_RETRY: Mapping[str, Relative] = {"retries": Add(1)}
+_ONE_MORE_FAILURE_AFTER_ACCEPTANCE: Mapping[str, Relative] = {"failed_after_acceptance": Add(1)}
 
 MARKER_COLUMNS = ("may_have_arrived", "arrived_before")
 """The index's copy of the aggregate's duplicate marker (``domain/delivery/marker.py``),
@@ -195,6 +202,7 @@ class IndexProjection(ObligationProjection):
         "recovery_attempts": 0,
         "retries": 0,
         "fence": 0,
+        "failed_after_acceptance": 0,
         **_NOTHING_SENT,
     }
 
@@ -258,6 +266,8 @@ class IndexProjection(ObligationProjection):
                 "version": event.originator_version,
                 "quarantine_reason": None,
                 "quarantine_version": None,
+                "platform_status": None,
+                "failed_after_acceptance": 0,
             },
         )
 
@@ -285,6 +295,7 @@ class IndexProjection(ObligationProjection):
         values: dict[str, Value] = {
             "state": ObligationState.DELIVERED.value,
             "delivered_at": moment,
+            "platform_status": None,
         }
         return self.update(event, values, moment=moment)
 
@@ -306,14 +317,13 @@ class IndexProjection(ObligationProjection):
 
     def status_reported(self, event: DeliveryObligation.StatusReported) -> RowChange:
         """A failure after acceptance reopens the obligation (ADR 0050)."""
+        values: dict[str, Value] = {"platform_status": event.status}
         if event.status != PlatformStatus.FAILED_AFTER_ACCEPTANCE:
-            return self.moved(event)
-        values: dict[str, Value] = {
-            "state": ObligationState.FAILED.value,
-            "error_class": ErrorClass.REJECTED.value,
-            "delivered_at": None,
-        }
-        return self.update(event, values)
+            return self.update(event, values)
+        values["state"] = ObligationState.FAILED.value
+        values["error_class"] = ErrorClass.REJECTED.value
+        values["delivered_at"] = None
+        return self.update(event, values, _ONE_MORE_FAILURE_AFTER_ACCEPTANCE)
 
     handlers = {
         DeliveryObligation.Recorded: recorded,
@@ -337,6 +347,7 @@ class IndexQuery:
 
     state: str | None = None
     platform: str | None = None
+    platform_status: str | None = None
     recorded_since: datetime | None = None
     subject_id: str | None = None
     limit: int | None = None
@@ -354,6 +365,12 @@ class GroupCount:
     claimed: int
     """Those claimed at least once."""
     retries: int
+    failed_after_acceptance: int = 0
+    """Failures the platform reported after accepting a send (each reopened one)."""
+    read: int = 0
+    """Those the platform reported read."""
+    delivered_to_device: int = 0
+    """Those the platform reported on the device (not yet read)."""
 
 
 @attrs.frozen
