@@ -25,6 +25,8 @@ _EXPORTS: dict[str, str] = {
     "PlatformAdapter": "gateway_ledger.application.delivery.ports",
     "AdapterBase": "gateway_ledger.application.delivery.ports",
     "SendResult": "gateway_ledger.application.delivery.ports",
+    "ReconcileAnswer": "gateway_ledger.application.delivery.reconciliation",
+    "ReconcileQuery": "gateway_ledger.application.delivery.reconciliation",
     "Reply": "gateway_ledger.application.delivery.ports",
     "ReplyContext": "gateway_ledger.application.delivery.ports",
     # operating

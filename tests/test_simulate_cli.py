@@ -6,38 +6,27 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 SCRIPT = str(Path(sys.executable).parent / "gateway-ledger")
 
 
+SMALL = ["--conversations", "24", "--turns", "3", "--workers", "2", "--kills", "3"]
+
+
+def simulate(*args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    done = subprocess.run(
+        [SCRIPT, "simulate", "--json", *args], capture_output=True, text=True, timeout=120
+    )
+    return done, json.loads(done.stdout)
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_simulate_loses_nothing_and_labels_every_duplicate(seed: int, tmp_path: Path) -> None:
     db = tmp_path / "kept.db"
-    done = subprocess.run(
-        [
-            SCRIPT,
-            "simulate",
-            "--json",
-            "--seed",
-            str(seed),
-            "--conversations",
-            "24",
-            "--turns",
-            "3",
-            "--workers",
-            "2",
-            "--kills",
-            "3",
-            "--db",
-            str(db),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    report = json.loads(done.stdout)
+    done, report = simulate("--seed", str(seed), *SMALL, "--db", str(db))
     assert done.returncode == 0, report
     assert report["lost"] == 0
     assert report["unlabelled_duplicates"] == 0
@@ -49,6 +38,7 @@ def test_simulate_loses_nothing_and_labels_every_duplicate(seed: int, tmp_path: 
         "late_result",
         "undecodable_event",
         "unreadable_fields",
+        "resend_after_arrived",
     }
     assert not any(report["audit_problems"].values()), report["audit_problems"]
     assert report["unresolved"] == 0
@@ -58,3 +48,38 @@ def test_simulate_loses_nothing_and_labels_every_duplicate(seed: int, tmp_path: 
     assert "erased_sent" not in report and "poisoned" not in report  # --faults adds them
     assert db.exists()  # --db keeps the store
     assert done.stderr == ""  # piped: no progress output
+
+
+RECONCILING = ("slack", "whatsapp", "discord")
+
+
+def test_reconciliation_settles_what_no_reconcile_labels_on_the_same_seed() -> None:
+    """ADR 0050: on the platforms that can say what arrived, the possible duplicates that
+    --no-reconcile labels are settled instead; telegram cannot, and labels as before."""
+    done, with_it = simulate("--seed", "4", *SMALL)
+    assert done.returncode == 0, with_it
+    done, without = simulate("--seed", "4", *SMALL, "--no-reconcile")
+    assert done.returncode == 0, without
+    for report in (with_it, without):
+        assert (report["lost"], report["unlabelled_duplicates"]) == (0, 0)
+        assert set(report["platforms"]) == {"telegram", *RECONCILING}
+        for figures in report["platforms"].values():
+            assert {
+                "labelled_duplicates",
+                "reconciled_arrived",
+                "reconciled_not_arrived",
+                "reconciled_unknown",
+            } <= set(figures)
+    assert without["reconcile"] is False and without["reconcile_round_trips"] == 0
+    assert all(without["platforms"][p]["reconciled_arrived"] == 0 for p in without["platforms"])
+    labelled = sum(with_it["platforms"][p]["labelled_duplicates"] for p in RECONCILING)
+    baseline = sum(without["platforms"][p]["labelled_duplicates"] for p in RECONCILING)
+    assert labelled <= baseline // 10, (labelled, baseline)
+    answered = sum(
+        with_it["platforms"][p][f"reconciled_{o}"]
+        for p in RECONCILING
+        for o in ("arrived", "not_arrived", "unknown")
+    )
+    uncertain = sum(with_it["platforms"][p]["uncertain_sends"] for p in RECONCILING)
+    assert 0 < answered <= uncertain  # asked only after uncertain sends, at most once each
+    assert with_it["reconcile_round_trips"] <= answered

@@ -27,6 +27,7 @@ from gateway_ledger.entrypoints.simulation.faults import LEASE_ENV, FaultPlan, t
 from gateway_ledger.entrypoints.simulation.platform import (
     Received,
     count_deduplicated,
+    count_reconcile_requests,
     read_journal,
 )
 from gateway_ledger.entrypoints.simulation.report import (
@@ -217,6 +218,9 @@ class Simulation:
         for platform in self.platforms:
             journal = self.run_dir / f"{platform}.db"
             r.deduplicated_by_platform += count_deduplicated(journal)
+            trips = count_reconcile_requests(journal)
+            r.platforms[platform].round_trips = trips
+            r.reconcile_round_trips += trips
             for msg in read_journal(journal):
                 r.messages_received += 1
                 copies.setdefault(part_key(msg), []).append(msg)
@@ -294,7 +298,6 @@ class Simulation:
         for path in self.run_dir.glob("*-*-*.json"):  # one per gateway process that finished
             figures = json.loads(path.read_text())
             r.ledger_faults += figures.get("ledger_faults", 0)
-            r.reconcile_round_trips += figures.get("reconcile_round_trips", 0)
             r.reconcile_bad_answers += figures.get("reconcile_bad_answers", 0)
         r.obligations_per_second = round(r.obligations / r.seconds, 1) if r.seconds else 0.0
 

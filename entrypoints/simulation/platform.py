@@ -51,6 +51,10 @@ CREATE TABLE IF NOT EXISTS deduplicated (
     idempotency_key TEXT NOT NULL,
     at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS reconcile_requests (
+    kind TEXT NOT NULL,
+    at REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS callbacks (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     nonce TEXT NOT NULL,
@@ -363,16 +367,24 @@ class ReconcilingPlatform(SimulatedPlatform):
         loop = asyncio.get_running_loop()
         kind = self.behaviour.reconcile
         if kind == "history":
+            await loop.run_in_executor(self._pool, self._count_request, kind)
             if not self._take_token():
                 return ReconcileAnswer.unknown("history read rate limited (429)")
-            self.round_trips += 1
             await asyncio.sleep(self._rng.uniform(*self.behaviour.latency))
             return await loop.run_in_executor(self._pool, self._read_history, query)
         if kind == "nonce":
-            self.round_trips += 1
+            await loop.run_in_executor(self._pool, self._count_request, kind)
             await asyncio.sleep(self._rng.uniform(*self.behaviour.latency))
         # "callbacks": the webhooks already received say it: no request to the platform
         return await loop.run_in_executor(self._pool, self._find_nonce, query, kind)
+
+    def _count_request(self, kind: str) -> None:
+        """One request to the platform, kept in its journal: a killed gateway's count too."""
+        self.round_trips += 1
+        with self._lock:
+            self._connection().execute(
+                "INSERT INTO reconcile_requests (kind, at) VALUES (?, ?)", (kind, time.time())
+            )
 
     def _take_token(self) -> bool:
         tokens, since = self._bucket
@@ -454,6 +466,17 @@ def read_journal(path: str | Path) -> list[Received]:
     finally:
         conn.close()
     return [Received(*row) for row in rows]
+
+
+def count_reconcile_requests(path: str | Path) -> int:
+    """Requests the platform answered for reconciliation, by every gateway of the run."""
+    if not Path(path).exists():
+        return 0
+    conn = open_journal(path)
+    try:
+        return int(conn.execute("SELECT COUNT(*) FROM reconcile_requests").fetchone()[0])
+    finally:
+        conn.close()
 
 
 def count_deduplicated(path: str | Path) -> int:

@@ -50,8 +50,7 @@ class Report:
     platforms: dict[str, PlatformReport] = attrs.field(factory=dict)
     """Per platform: possible duplicates labelled, and what reconciliation answered."""
     reconcile_round_trips: int = 0
-    """Platform requests reconciliation cost (the nonce and history platforms; the
-    callback platform answers from webhooks it already has)."""
+    """Platform requests reconciliation cost, all platforms (see ``PlatformReport``)."""
     reconcile_bad_answers: int = 0
     faults: FaultReport | None = None
 
@@ -94,6 +93,8 @@ class PlatformReport:
     reconciled_arrived: int = 0
     reconciled_not_arrived: int = 0
     reconciled_unknown: int = 0
+    round_trips: int = 0
+    """Requests reconciliation made to the platform (none for webhooks already received)."""
     failed_after_acceptance: int = 0
     status_reports: int = 0
 

@@ -117,13 +117,11 @@ async def main_async(spec: dict[str, Any], role: str, index: int) -> int:
     for adapter in adapters:
         adapter.close()
     out = Path(spec["run_dir"]) / f"{role}-{index}-{os.getpid()}.json"
-    trips = sum(getattr(a, "round_trips", 0) for a in adapters)
     out.write_text(
         json.dumps(
             {
                 "ledger_faults": stats.ledger_faults,
                 "commits": stats.commits,
-                "reconcile_round_trips": trips,
                 "reconcile_bad_answers": stats.reconcile_bad_answers,
             }
         )
