@@ -309,3 +309,60 @@ def test_an_adapter_without_the_capability_is_used_as_before(store_location: str
             assert reconciled(gw, out.obligation_id) == []
 
     run(main())
+
+
+def test_statuses_through_the_gateway_hook_and_the_console_script(tmp_path: Any) -> None:
+    """A webhook's statuses reach the ledger through the hook the gateway hands an adapter;
+    `list --status read`, `status`, `metrics` and `history` show them (real console)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    db = str(tmp_path / "ledger.db")
+
+    class Webhooks(ScriptedAdapter):
+        def attach_status_sink(self, sink: Any) -> None:
+            self.sink = sink
+
+    async def main() -> tuple[str, str]:
+        adapter = Webhooks("whatsapp")
+        clock = ManualScheduler()
+        async with Gateway.open(db, scheduler=clock) as gw:
+            await gw.start([adapter])
+            read = await gw.deliver(CTX, Reply("one"), "in-1")
+            dropped = await gw.deliver(CTX, Reply("two"), "in-2")
+            assert adapter.sent[0].idempotency_key == read.obligation_id  # keyed for it
+            assert await adapter.sink(read.obligation_id, "delivered_to_device", None, "", "m1")
+            assert await adapter.sink(read.obligation_id, "read", None, "", "m1")
+            assert not await adapter.sink(read.obligation_id, "delivered_to_device")  # late
+            assert await adapter.sink(dropped.obligation_id, "failed_after_acceptance", None,
+                                      "131026", "m2")  # fmt: skip
+            await clock.advance(30)  # the reopened reply's re-send, plain
+            assert [s.content for s in adapter.sent] == ["one", "two", "two"]
+            stats = gw.stats()
+            assert (stats.status_reports, stats.failed_after_acceptance) == (3, 1)
+            assert read.obligation_id is not None and dropped.obligation_id is not None
+            return read.obligation_id, dropped.obligation_id
+
+    read_id, dropped_id = run(main())
+    script = str(Path(sys.executable).parent / "gateway-ledger")
+    env = {k: v for k, v in os.environ.items() if k != "GATEWAY_LEDGER_DB"}
+
+    def cli(*args: str) -> str:
+        done = subprocess.run(
+            [script, *args, "--db", db], capture_output=True, text=True, env=env, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    listed = json.loads(cli("list", "--status", "read", "--json"))
+    assert [e["obligation_id"] for e in listed["obligations"]] == [read_id]
+    status = json.loads(cli("status", "--json"))
+    assert status["failed_after_acceptance"] == 1
+    assert status["by_platform_status"] == {"delivered_to_device": 0, "read": 1}
+    assert "gateway_ledger_failed_after_acceptance_total 1" in cli("metrics")
+    history = cli("history", dropped_id)
+    assert "status=failed_after_acceptance" in history
+    assert history.count("Attempting") == 2

@@ -125,8 +125,6 @@ class Counters:
     late_results: int = 0
     untracked: int = 0
     erased: int = 0
-    settled_by_reconciliation: int = 0
-    """Re-sends not made: the platform said the reply had arrived (ADR 0050)."""
     status_reports: int = 0
     failed_after_acceptance: int = 0
 
@@ -809,7 +807,6 @@ class Courier:
             return False
         await self._write(flight, "reconciled")
         if agg.state is ObligationState.DELIVERED and not (flight.conflicted or flight.erased):
-            self.counters.settled_by_reconciliation += 1
             self.counters.delivered += 1
             log.info("obligation %s arrived already: settled, not re-sent", flight.oid)
             return True
