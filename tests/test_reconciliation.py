@@ -366,3 +366,33 @@ def test_statuses_through_the_gateway_hook_and_the_console_script(tmp_path: Any)
     history = cli("history", dropped_id)
     assert "status=failed_after_acceptance" in history
     assert history.count("Attempting") == 2
+
+
+def test_an_operators_retry_asks_before_it_resends(store_location: str) -> None:
+    """`gateway-ledger retry` makes the reply claimable; the sweep that claims it asks
+    the platform first, and re-sends plain when the platform proves nothing arrived."""
+    from gateway_ledger.bootstrap import DeliveryLedger
+
+    async def main() -> None:
+        first = ReconcilingAdapter([], script=[TimeoutError("before it left")])
+        clock = ManualScheduler()
+        gw = Gateway.open(store_location, owner=dead_owner(), scheduler=clock)
+        await gw.start([first])
+        out = await gw.deliver(CTX, Reply("hello"), "in-1")
+        assert out.obligation_id is not None and out.status == "failed"
+        await gw.close()  # its runtime retries stop: the boot sweep owns it
+        operator = DeliveryLedger.open(store_location, owner=dead_owner())
+        operator.retry(out.obligation_id, "ops")
+        operator.close()
+
+        adapter = ReconcilingAdapter(["truth"])
+        async with Gateway.open(store_location) as later:
+            report = await later.start([adapter])
+            assert report.claimed == 1
+            assert [s.content for s in adapter.sent] == ["hello"]  # plain: it never arrived
+            assert len(adapter.queries) == 1
+            await later.flush()
+            assert reconciled(later, out.obligation_id) == ["not_arrived"]
+            assert later.ledger.audit_duplicates().ok
+
+    run(main())

@@ -35,6 +35,8 @@ step = st.one_of(
     st.tuples(st.just("claim"), index, st.integers(0, 2)),
     st.tuples(st.just("abandon"), index),
     st.tuples(st.just("catch_up"), st.integers(1, 7)),
+    st.tuples(st.just("reconcile"), index, st.sampled_from(["arrived", "not_arrived", "unknown"])),
+    st.tuples(st.just("status"), index, st.sampled_from(["read", "failed_after_acceptance"])),
 )
 
 
@@ -73,6 +75,11 @@ def run_step(
             agg.claim(by=OWNERS[action[2]], now=now, policy=POLICY)
         elif kind == "abandon":
             agg.abandon(reason=AbandonReason.OPERATOR, now=now, detail="stop")
+        elif kind == "reconcile":  # ADR 0050: the platform's answer before a re-send
+            ids = ["r"] if action[2] == "arrived" else []
+            agg.reconcile(by=agg.owner, now=now, outcome=action[2], message_ids=ids)
+        elif kind == "status":  # a failure after acceptance reopens it: back in the view
+            agg.report_status(status=action[2], at=now, now=now, message_id="r")
     except IllegalTransition:
         return
     ledger.save(agg)
