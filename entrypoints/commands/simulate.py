@@ -78,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
         ("delivered first time", report.delivered_first_time),
         ("redelivered with marker", report.redelivered_with_marker),
         ("redelivered plain", report.redelivered_plain),
+        ("settled by reconciliation", report.settled_by_reconciliation),
         ("deduplicated by platform", report.deduplicated_by_platform),
         ("abandoned", abandoned),
         ("unresolved", report.unresolved),

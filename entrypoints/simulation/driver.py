@@ -274,8 +274,11 @@ class Simulation:
                     and "Claimed" not in types
                     and "Failed" not in types
                 )
+                settled = any(h.type == "Reconciled" and h.fields.get("completes") for h in history)
                 if first_time:
                     r.delivered_first_time += 1
+                elif settled:
+                    r.settled_by_reconciliation += 1  # the platform said it arrived: not re-sent
                 elif marked:
                     r.redelivered_with_marker += 1
                 else:

@@ -28,6 +28,8 @@ class Report:
     delivered_first_time: int = 0
     redelivered_with_marker: int = 0
     redelivered_plain: int = 0
+    settled_by_reconciliation: int = 0
+    """Delivered without a re-send: the platform said the uncertain send had arrived."""
     deduplicated_by_platform: int = 0
     abandoned: dict[str, int] = attrs.field(factory=dict)
     unresolved: int = 0
