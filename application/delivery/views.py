@@ -56,6 +56,8 @@ class ObligationStatus:
     version: int
     quarantine_reason: str | None = None
     """Set when a reader found it unreadable: never sent again, only abandoned (ADR 0027)."""
+    platform_status: str | None = None
+    """The last status its platform reported after accepting it (ADR 0050)."""
 
     @classmethod
     def of(cls, agg: DeliveryObligation) -> ObligationStatus:
@@ -85,6 +87,7 @@ class ObligationStatus:
             last_transition_at=agg.last_transition_at,
             version=agg.version,
             quarantine_reason=agg.quarantine_reason.value if agg.quarantine_reason else None,
+            platform_status=agg.platform_status.value if agg.platform_status else None,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -80,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
     status = timeline.status
     when = f" as of {at.isoformat()}" if at else ""
     quarantined = f" (QUARANTINED: {status.quarantine_reason})" if status.quarantine_reason else ""
-    print(f"obligation {timeline.obligation_id}{when}: {status.state}{quarantined}")
+    seen = f" ({status.platform_status})" if status.platform_status else ""
+    print(f"obligation {timeline.obligation_id}{when}: {status.state}{seen}{quarantined}")
     print(
         f"  sends {status.send_attempts}, recovery claims {status.recovery_attempts}, "
         f"fence {status.fence}, marker {'yes' if status.needs_marker else 'no'}"
