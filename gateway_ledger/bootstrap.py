@@ -42,6 +42,7 @@ from gateway_ledger.application.delivery.gateway import (
 )
 from gateway_ledger.application.delivery.ledger_ports import (
     EventWriter,
+    GoneProof,
     KeptAggregates,
     LivenessPolicy,
     Loaded,
@@ -80,7 +81,11 @@ from gateway_ledger.infrastructure.ownership.leases import (
     LeaseTable,
     with_idle_transaction_limit,
 )
-from gateway_ledger.infrastructure.ownership.liveness import LeaseLiveness, LocalLiveness
+from gateway_ledger.infrastructure.ownership.liveness import (
+    LeaseLiveness,
+    LocalLiveness,
+    proven_gone,
+)
 from gateway_ledger.infrastructure.ownership.process_identity import current_owner
 from gateway_ledger.infrastructure.sessions.secrets import load_or_create_secret, secret_path
 from gateway_ledger.infrastructure.sessions.transcoding import build_session_transcoder
@@ -238,6 +243,10 @@ class DeliveryLedger(PrivateEvents, delivery_ledger.DeliveryLedger):
         if self.leases is not None:
             return LeaseLiveness(self.leases, self.lease_settings.clock_skew)
         return LocalLiveness()
+
+    @property
+    def gone_proof(self) -> GoneProof:
+        return proven_gone
 
     def load_each(self, aggregate_ids: Sequence[UUID]) -> Loaded:
         return load_each(self, aggregate_ids)

@@ -263,6 +263,10 @@ class InMemoryLedger(delivery_ledger.DeliveryLedger):
     def liveness(self) -> Callable[[OwnerIdentity], bool]:
         return lambda owner: True
 
+    @property
+    def gone_proof(self) -> Callable[[OwnerIdentity], bool]:
+        return lambda owner: False  # no process to judge: only presumed gone
+
     def load_each(self, aggregate_ids: Sequence[UUID]) -> Loaded:
         return Loaded({i: self.repository.get(i) for i in aggregate_ids if i in self.repository})
 

@@ -121,6 +121,7 @@ commands = st.lists(
                 "deliver",
                 "fail",
                 "claim",
+                "claim_gone",
                 "retry",
                 "part",
                 "abandon",
@@ -158,8 +159,11 @@ def run(script: list[tuple[str, int, ErrorClass]]) -> DeliveryObligation:
                 agg.confirm_delivery(by=by, now=now, receipt=["m"])
             elif command == "fail":
                 agg.fail(by=by, now=now, error="x", classification=classification)
-            elif command == "claim":
-                agg.claim(by=by, now=now, policy=LedgerPolicy(max_attempts=9))
+            elif command in ("claim", "claim_gone"):
+                gone = command == "claim_gone"
+                agg.claim(
+                    by=by, now=now, policy=LedgerPolicy(max_attempts=9), previous_owner_gone=gone
+                )
             elif command == "retry":
                 agg.request_retry(by=by, now=now, requested_by="ops")
             elif command == "part":

@@ -47,9 +47,12 @@ def reconcile(
     ledger.save(obligation)
 
 
-def claim(ledger: DeliveryLedger, oid: str) -> None:
+def claim(ledger: DeliveryLedger, oid: str, gone: bool = True) -> None:
+    """``gone``: the previous owner's process was proven gone (else its lease lapsed)."""
     obligation: DeliveryObligation = ledger.load(oid)
-    obligation.claim(by=CLAIMER, now=ledger.clock(), policy=LedgerPolicy())
+    obligation.claim(
+        by=CLAIMER, now=ledger.clock(), policy=LedgerPolicy(), previous_owner_gone=gone
+    )
     ledger.save(obligation)
 
 
@@ -80,6 +83,19 @@ def test_every_outcome(ledger: DeliveryLedger) -> None:
     claim(ledger, "o-claimed")
     reconcile(ledger, "o-claimed", "not_arrived", by=CLAIMER)
 
+    # a claimer's not_arrived while the previous owner is only presumed gone (its lease
+    # lapsed; it may be paused with a send still to land): proves nothing, the claim's
+    # send keeps the marker, a labelled possible duplicate, none avoided
+    uncertain(ledger, "o-claimed-lapsed")
+    claim(ledger, "o-claimed-lapsed", gone=False)
+    reconcile(ledger, "o-claimed-lapsed", "not_arrived", by=CLAIMER)
+    lapsed: DeliveryObligation = ledger.load("o-claimed-lapsed")
+    lapsed.fail(by=CLAIMER, now=ledger.clock(), error="", classification="rejected")
+    lapsed.start_attempt(by=CLAIMER, now=ledger.clock(), guard="marker")
+    assert lapsed.arrived_before_this_send is True
+    lapsed.confirm_delivery(by=CLAIMER, now=ledger.clock(), receipt=["wa-8"])
+    ledger.save(lapsed)
+
     # a claimer's arrived: the claim's send never left; settled
     uncertain(ledger, "o-claimed-arrived")
     claim(ledger, "o-claimed-arrived")
@@ -97,13 +113,17 @@ def test_every_outcome(ledger: DeliveryLedger) -> None:
     ledger.mark_delivered("o-dropped", ["wa-7"])
 
     audit = ledger.audit_duplicates()
-    assert audit.reconciled == {"arrived": 2, "not_arrived": 2, "unknown": 2}
+    assert audit.reconciled == {"arrived": 2, "not_arrived": 3, "unknown": 2}
     assert audit.avoided_duplicates == 4
     assert [(f.kind, f.obligation_id) for f in audit.findings] == [
         ("unmarked_resend", "o-unknown-plain")
     ]
     duplicates = {d.obligation_id: d.labelled for d in audit.possible_duplicates}
-    assert duplicates == {"o-unknown": True, "o-unknown-plain": False}
+    assert duplicates == {
+        "o-unknown": True,
+        "o-unknown-plain": False,
+        "o-claimed-lapsed": True,
+    }
     assert ledger.get("o-arrived").state == "delivered"
     assert ledger.get("o-claimed-arrived").state == "delivered"
     report = audit.to_dict()

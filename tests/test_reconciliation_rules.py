@@ -72,13 +72,37 @@ def test_unknown_changes_nothing_but_the_history() -> None:
 
 def test_a_claimers_send_still_counts_as_started_after_not_arrived() -> None:
     agg = after_ambiguous()
-    agg.claim(by=B, now=T0, policy=LedgerPolicy())
+    agg.claim(by=B, now=T0, policy=LedgerPolicy(), previous_owner_gone=True)
     assert agg.marker == Marker(True, True)
     agg.reconcile(by=B, now=T0, outcome="not_arrived")
     # The claimer's send goes plain, yet a crash after it leaves the marker up.
     assert agg.marker == Marker(True, False)
     events: list[Any] = list(agg.collect_events())
     assert events[-1].claim_pending is True and events[-1].may_have_arrived is True
+    assert events[-1].stray_send_possible is False
+
+
+def test_not_arrived_proves_nothing_while_a_presumed_gone_owner_may_still_send() -> None:
+    """Found by ``simulate --faults`` on PostgreSQL: an owner paused (SIGSTOP) past its
+    lease is claimed; the platform truthfully answers "not arrived"; the paused owner
+    resumes and its send lands after the answer. A lapsed lease is not proof that its
+    send will never land, so the answer strikes nothing off, now or later."""
+    agg = after_ambiguous()
+    agg.claim(by=B, now=T0, policy=LedgerPolicy())  # lease lapsed: presumed gone only
+    agg.reconcile(by=B, now=T0, outcome="not_arrived", evidence="history covers it")
+    assert agg.marker == Marker(True, True)  # the claimer's send keeps the marker
+    events: list[Any] = list(agg.collect_events())
+    assert events[-2].previous_owner_gone is False
+    assert events[-1].stray_send_possible is True and events[-1].may_have_arrived is True
+    agg.fail(by=B, now=T0, classification=ErrorClass.AMBIGUOUS)  # the claim's send
+    agg.reconcile(by=B, now=T0, outcome="not_arrived")  # its own retry: still nothing proven
+    assert agg.marker.may_have_arrived is True
+    # The same answer after a claim from an owner proven gone strikes everything off.
+    proven = after_ambiguous()
+    proven.claim(by=B, now=T0, policy=LedgerPolicy(), previous_owner_gone=True)
+    proven.fail(by=B, now=T0, classification=ErrorClass.AMBIGUOUS)
+    proven.reconcile(by=B, now=T0, outcome="not_arrived")
+    assert proven.marker == Marker(False, False)
 
 
 def test_a_part_that_arrived_is_confirmed_and_the_rest_goes_plain() -> None:

@@ -472,6 +472,9 @@ class DuplicateAuditor:
         if outcome is ReconcileOutcome.UNKNOWN:
             return
         fact = _send_fact(DeliveryObligation.Reconciled, state)
+        completes = outcome is ReconcileOutcome.ARRIVED and bool(state.get("completes"))
+        if fact is None and not completes:
+            return  # a presumed-gone owner's send may still land: it proves nothing of it
         pending = bool(state.get("claim_pending"))
         due = ob.marker.arrived_before_this_send if pending else ob.marker.may_have_arrived
         if due:

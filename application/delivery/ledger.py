@@ -29,6 +29,7 @@ from gateway_ledger.application.delivery.audit import DuplicateAudit, audit_dupl
 from gateway_ledger.application.delivery.interface import claimed_item, media_items
 from gateway_ledger.application.delivery.ledger_ports import (
     EventAppender,
+    GoneProof,
     KeptAggregates,
     LeaseHolder,
     LivenessPolicy,
@@ -134,6 +135,11 @@ class DeliveryLedger(Application[UUID], ABC):
     @abstractmethod
     def liveness(self) -> LivenessPolicy:
         """Leases where this ledger uses them (PostgreSQL by default), else /proc (ADR 0010)."""
+
+    @property
+    @abstractmethod
+    def gone_proof(self) -> GoneProof:
+        """Proof that an owner's process is gone (this host only), for a claim (ADR 0050)."""
 
     @abstractmethod
     def load_each(self, aggregate_ids: Sequence[UUID]) -> Loaded:

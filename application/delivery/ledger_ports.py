@@ -30,6 +30,11 @@ LivenessPolicy = Callable[[OwnerIdentity], bool]
 Implemented by ``/proc`` on one host and by leases across hosts
 (``infrastructure/ownership/liveness.py``, ADR 0010)."""
 
+GoneProof = Callable[[OwnerIdentity], bool]
+"""Answers "is this owner's process proven gone?" (this host, its process no longer runs):
+True lets a claim record that no send of its can still land; a lapsed lease alone is not
+proof, the owner may be paused with a send on its way (ADR 0050)."""
+
 
 # -- ownership ---------------------------------------------------------------------------
 
@@ -125,6 +130,9 @@ class LedgerPort(Protocol):
 
     @property
     def liveness(self) -> LivenessPolicy: ...
+
+    @property
+    def gone_proof(self) -> GoneProof: ...
 
     @property
     def recoverable(self) -> RecoverableView: ...

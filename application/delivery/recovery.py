@@ -270,7 +270,12 @@ class RecoverySweep:
             counts["skipped_offline"] += 1
             return None
         if reason is None:
-            obligation.claim(by=self.me, now=self.now, policy=policy)
+            obligation.claim(
+                by=self.me,
+                now=self.now,
+                policy=policy,
+                previous_owner_gone=self.ledger.gone_proof(owner_before),
+            )
         else:
             obligation.abandon(reason=reason, now=self.now, by=self.me, detail=detail)
         return SweepDecision(obligation, owner_before, needs_marker, reason)

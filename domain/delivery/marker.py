@@ -4,7 +4,8 @@ A reply is re-sent with the marker when an earlier send of it may have reached t
 A send may have arrived unless the platform said it did not; a refusal strikes off only
 the send it answers, never an earlier one (and so does a failure the platform reports
 after it accepted a send); a fenced-out owner's late success proves the reply arrived; a
-reconciliation that proves nothing arrived strikes off every earlier send (ADR 0050).
+reconciliation that proves nothing arrived strikes off every earlier send, unless a
+previous owner only presumed gone may still land one (ADR 0050).
 That is the whole rule, and this module is the only place it is written.
 
 Every event that changes the answer carries it (``Attempting.needs_marker``,
@@ -72,14 +73,21 @@ class SendFact(Enum):
 
     @classmethod
     def reconciliation(
-        cls, *, nothing_unconfirmed_arrived: bool, claim_pending: bool
+        cls,
+        *,
+        nothing_unconfirmed_arrived: bool,
+        claim_pending: bool,
+        stray_send_possible: bool = False,
     ) -> SendFact | None:
         """What a reconciliation says (ADR 0050): when it proves that no unconfirmed send
         arrived (``not_arrived``; or the first unconfirmed part arrived and the parts
         after it were never sent), every earlier send is struck off; with a claim's send
         still to go out, all but that one. An ``unknown`` changes nothing, and an
-        ``arrived`` that completes the reply is followed by ``Delivered``."""
-        if not nothing_unconfirmed_arrived:
+        ``arrived`` that completes the reply is followed by ``Delivered``. Nor does any
+        answer while a previous owner's send may still land (``stray_send_possible``: it
+        was presumed gone, its lease lapsed, not proven gone): the platform can only
+        answer for what has landed so far."""
+        if not nothing_unconfirmed_arrived or stray_send_possible:
             return None
         return cls.EARLIER_NOT_ARRIVED if claim_pending else cls.NOT_ARRIVED
 

@@ -151,6 +151,8 @@ class DeliveryObligation(Aggregate):
     """The message that status was about, when the platform named it."""
     failures_after_acceptance: int
     """How often a platform dropped a send of it after accepting it (each reopened it)."""
+    stray_send_possible: bool
+    """A claim took it from an owner only presumed gone, whose send may still land."""
 
     # -- events -----------------------------------------------------------------------------
     #
@@ -215,6 +217,7 @@ class DeliveryObligation(Aggregate):
             obligation.platform_status = None
             obligation.status_message_id = None
             obligation.failures_after_acceptance = 0
+            obligation.stray_send_possible = False
 
     class Attempting(Event):
         """The owner starts a send. ``guard``: what the sender did against an unannounced
@@ -313,13 +316,18 @@ class DeliveryObligation(Aggregate):
 
     class Claimed(Event):
         """A recovery sweep took the obligation over; the claimer sends at once, with the
-        marker when ``needs_marker`` (an earlier send may have arrived)."""
+        marker when ``needs_marker`` (an earlier send may have arrived).
+        ``previous_owner_gone``: the previous owner's process was proven gone (True), or
+        it was only presumed gone, its lease lapsed (False; None in histories written
+        before this was recorded): a presumed-gone owner may be paused with a send that
+        still lands, so no later "not arrived" answer can strike its sends off (ADR 0050)."""
 
         by: OwnerIdentity
         previous_owner: OwnerIdentity
         recovery_attempt: int
         needs_marker: bool
         fence: int
+        previous_owner_gone: bool | None = None
 
         marker_decision = "needs_marker"
 
@@ -333,6 +341,9 @@ class DeliveryObligation(Aggregate):
             obligation.recovery_attempts = self.recovery_attempt
             obligation.fence = self.fence
             obligation.marker = self.marker_after(obligation.marker)
+            obligation.stray_send_possible = obligation.stray_send_possible or not bool(
+                self.previous_owner_gone
+            )
             obligation.last_transition_at = self.timestamp
 
     class RetryRequested(Event):
@@ -379,6 +390,8 @@ class DeliveryObligation(Aggregate):
         platform's ids when it arrived; ``part``: the part asked about (None: the whole
         reply); ``completes``: an arrival that leaves nothing to send (``Delivered``
         follows); ``claim_pending``: asked by a claimer before its claim's send;
+        ``stray_send_possible``: a previous owner was only presumed gone, so a send of its
+        may still land after the answer, which then proves nothing of it;
         ``may_have_arrived``: the marker's decision after it."""
 
         by: OwnerIdentity
@@ -390,6 +403,7 @@ class DeliveryObligation(Aggregate):
         completes: bool
         claim_pending: bool
         may_have_arrived: bool
+        stray_send_possible: bool = False
 
         marker_decision = "may_have_arrived"
 
@@ -400,7 +414,9 @@ class DeliveryObligation(Aggregate):
                 outcome is ReconcileOutcome.ARRIVED and not fields["completes"]
             )
             return SendFact.reconciliation(
-                nothing_unconfirmed_arrived=nothing, claim_pending=bool(fields["claim_pending"])
+                nothing_unconfirmed_arrived=nothing,
+                claim_pending=bool(fields["claim_pending"]),
+                stray_send_possible=bool(fields.get("stray_send_possible", False)),
             )
 
         def apply(self, obligation: DeliveryObligation) -> None:
@@ -740,8 +756,16 @@ class DeliveryObligation(Aggregate):
             timestamp=now,
         )
 
-    def claim(self, *, by: OwnerIdentity, now: datetime, policy: LedgerPolicy) -> None:
-        """A recovery sweep takes the obligation over from a dead owner."""
+    def claim(
+        self,
+        *,
+        by: OwnerIdentity,
+        now: datetime,
+        policy: LedgerPolicy,
+        previous_owner_gone: bool = False,
+    ) -> None:
+        """A recovery sweep takes the obligation over from a dead owner:
+        ``previous_owner_gone`` when its process is proven gone, not only its lease lapsed."""
         require_aware("now", now)
         self.check_state("claimed", *UNRESOLVED_STATES)
         self.check_not_quarantined("claimed")
@@ -754,6 +778,7 @@ class DeliveryObligation(Aggregate):
             recovery_attempt=self.recovery_attempts + 1,
             needs_marker=after.arrived_before_this_send,
             fence=self.fence + 1,
+            previous_owner_gone=bool(previous_owner_gone),
             timestamp=now,
         )
 
@@ -808,6 +833,7 @@ class DeliveryObligation(Aggregate):
             nothing_unconfirmed_arrived=judged is ReconcileOutcome.NOT_ARRIVED
             or (arrived and not completes),
             claim_pending=claim_pending,
+            stray_send_possible=self.stray_send_possible,
         )
         after = marker_after(self.marker, fact)
         self.trigger_event(
@@ -821,6 +847,7 @@ class DeliveryObligation(Aggregate):
             completes=completes,
             claim_pending=claim_pending,
             may_have_arrived=after.may_have_arrived,
+            stray_send_possible=self.stray_send_possible,
             timestamp=now,
         )
         if completes:

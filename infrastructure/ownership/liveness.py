@@ -35,6 +35,13 @@ def this_host() -> str:
     return configured_host() or socket.gethostname() or "localhost"
 
 
+def proven_gone(owner: OwnerIdentity) -> bool:
+    """The ``GoneProof`` port: the owner ran on this host and its process no longer runs
+    (another boot, pid gone or reused). A lapsed lease is not proof: a paused owner may
+    still land a send it started (ADR 0050)."""
+    return owner.host == this_host() and not is_alive_locally(owner)
+
+
 @attrs.frozen
 class LocalLiveness:
     """Liveness as one host can judge it: /proc for local owners, alive for the rest.
