@@ -137,6 +137,7 @@ SESSION_PRIVACY = PrivacyPolicy(
     InClear(Session.ResumeCleared),
     InClear(Session.Suspended),
     InClear(Session.Reset, ("reason", "successor_session_id")),
+    InClear(Session.Reopened, ("reason",)),
     SealedEvent(SessionRoute.Opened, ("key",), subject_from="key", clear=("session_id",)),
     InClear(SessionRoute.Rotated, ("previous_session_id", "session_id", "reason")),
     # Keyed hashes of the chat and message ids only (ADR 0013).
