@@ -65,6 +65,7 @@ STORED_EVENTS = (
     "RetryRequested",
     "Abandoned",
     "Quarantined",
+    "Imported",
 )
 
 

@@ -101,6 +101,19 @@ DELIVERY_PRIVACY = PrivacyPolicy(
     InClear(
         DeliveryObligation.Quarantined, ("by", "previous_owner", "reason", "found_at", "fence")
     ),
+    SealedEvent(
+        DeliveryObligation.Imported,
+        ("last_error",),
+        clear=(
+            "source",
+            "source_state",
+            "attempts",
+            "created_at",
+            "updated_at",
+            "time_basis",
+            "possibly_sent",
+        ),
+    ),
     InClear(
         Erasure.SubjectErased,
         ("subject_id", "by", "requested_by", "destroyed_keys", "abandoned", "sessions"),
