@@ -82,10 +82,10 @@ from gateway_ledger.infrastructure.ownership.leases import (
 )
 from gateway_ledger.infrastructure.ownership.liveness import LeaseLiveness, LocalLiveness
 from gateway_ledger.infrastructure.ownership.process_identity import current_owner
-from gateway_ledger.infrastructure.sessions.whatsapp_aliases import BridgeAliasFiles
 from gateway_ledger.infrastructure.sessions.secrets import load_or_create_secret, secret_path
 from gateway_ledger.infrastructure.sessions.transcoding import build_session_transcoder
 from gateway_ledger.infrastructure.sessions.transcript_files import JsonlTranscriptFiles
+from gateway_ledger.infrastructure.sessions.whatsapp_aliases import BridgeAliasFiles
 from gateway_ledger.infrastructure.views.delivery import SqlObligationIndex, SqlRecoverableView
 from gateway_ledger.projections.delivery.obligation_index import ObligationIndexView
 from gateway_ledger.projections.delivery.recoverable import RecoverableView

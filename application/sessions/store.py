@@ -20,7 +20,7 @@ import contextlib
 import logging
 import os
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime, tzinfo
 from pathlib import Path
@@ -34,11 +34,12 @@ from eventsourcing.persistence import IntegrityError
 from eventsourcing.utils import get_topic
 
 from gateway_ledger.application.clock import Clock, system_clock
+from gateway_ledger.application.sessions.importing import ImportedKey, key_aggregates
 from gateway_ledger.application.sessions.keying import SessionKeys
 from gateway_ledger.application.sessions.pins import SessionPins
 from gateway_ledger.application.sessions.ports import TranscriptWriter
-from gateway_ledger.application.sessions.transcripts import TranscriptReader
 from gateway_ledger.application.sessions.prompt import HomeChannel, build_session_context_prompt
+from gateway_ledger.application.sessions.transcripts import TranscriptReader
 from gateway_ledger.application.sessions.views import (
     AppendResult,
     SessionContext,
@@ -53,6 +54,7 @@ from gateway_ledger.domain.errors import (
     NotFound,
     SessionErased,
 )
+from gateway_ledger.domain.privacy.hashing import KeyedHasher
 from gateway_ledger.domain.sessions.key import (
     Hasher,
     is_path_unsafe,
@@ -72,7 +74,6 @@ from gateway_ledger.domain.sessions.route import (
     route_uuid,
 )
 from gateway_ledger.domain.sessions.session import Session, format_session_id, session_uuid
-from gateway_ledger.domain.privacy.hashing import KeyedHasher
 from gateway_ledger.domain.sessions.source import SessionSource
 from gateway_ledger.domain.sessions.whatsapp import AliasLookup
 from gateway_ledger.domain.values import require_aware, require_clear_text, require_text
@@ -515,6 +516,41 @@ class SessionsApplication(Application[UUID]):
             shared=shared,
             redact=hasher,
         )
+
+    # -- importing an existing installation (importing.py) ------------------------------------
+
+    def key_of_imported(self, imported: ImportedKey) -> str:
+        """The key an imported one has here: upstream's raw key kept in a raw-keys store,
+        else the keyed hash of its current session's source (from here on)."""
+        if self.hasher is None:
+            return imported.key
+        return self.session_key(imported.current.source)
+
+    def import_keys(
+        self, keys: Sequence[ImportedKey], *, dry_run: bool = False
+    ) -> list[tuple[ImportedKey, str]]:
+        """Save each key not yet in this store with its sessions, in one transaction per
+        batch (per key when a batch meets one imported meanwhile); returns what was
+        imported, with the key each got here. A key already here is skipped whole, so a
+        second run, or a run after a killed one, imports only what is missing.
+        ``dry_run``: everything is built and checked, nothing saved."""
+        pending: list[tuple[ImportedKey, str, list[Aggregate]]] = []
+        for imported in keys:
+            key = self.key_of_imported(imported)
+            if route_uuid(key) in self.repository:
+                continue
+            pending.append((imported, key, key_aggregates(imported, key, self._inbound_ids)))
+        if dry_run:
+            return [(imported, key) for imported, key, _ in pending]
+        try:
+            self.save(*(a for _, _, aggregates in pending for a in aggregates))
+        except IntegrityError:
+            done = []
+            for imported, key, aggregates in pending:
+                if self._try_save(*aggregates):
+                    done.append((imported, key))
+            return done
+        return [(imported, key) for imported, key, _ in pending]
 
     # -- messages -------------------------------------------------------------------------------
 
