@@ -75,7 +75,9 @@ def source(platform: str, chat_id: str, **extra: Any) -> dict[str, Any]:
     return data
 
 
-def entry(key: str, sid: str, origin: dict[str, Any], created: float, updated: float, **flags: Any) -> dict[str, Any]:  # fmt: skip
+def entry(
+    key: str, sid: str, origin: dict[str, Any], created: float, updated: float, **flags: Any
+) -> dict[str, Any]:
     """``SessionEntry.to_dict()``."""
     data: dict[str, Any] = {
         "session_key": key,

@@ -77,7 +77,7 @@ def build(home: Path) -> tuple[Installation, dict[str, str]]:
                 },
                 {"role": "assistant", "content": "topic answer", "timestamp": T0 + 6},
             )
-        )  # fmt: skip
+        )
         + "\n"
     )
     inst.route(FORUM, entry(FORUM, s3, forum_origin, T0, T0 + 6), mirror_only=True)
