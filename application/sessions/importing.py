@@ -5,8 +5,8 @@ in order with their original times, the flags of the current one) arrives as an
 :class:`ImportedKey`, already read and converted to aware times (the reader is
 ``infrastructure/importing/hermes.py``). :func:`key_aggregates` turns it into the
 aggregates the live store would hold: the key's route, its sessions with their messages
-and resets, the resume and suspend marks, and the inbound-id marks of user messages (so a
-platform that redelivers a message after the switch starts no second turn). The store
+and resets, the resume and suspend marks, and the inbound-id marks of the newest user messages (so
+a platform that redelivers a message after the switch starts no second turn). The store
 saves one key's aggregates in one transaction: a key is imported whole or not at all.
 """
 
@@ -26,6 +26,11 @@ from gateway_ledger.domain.sessions.source import SessionSource
 
 InboundIds = Callable[[str, str], tuple[str, str]]
 """(chat id, platform message id) -> the keyed hashes the store remembers them by."""
+
+MARKED_INBOUND = 20
+"""The newest user messages of a key's current session whose platform ids are marked as
+taken: a platform redelivers what it did not see acknowledged before the switch, which
+is the newest; marking a whole history would double the import's events for nothing."""
 
 
 @attrs.frozen
@@ -90,6 +95,7 @@ def key_aggregates(imported: ImportedKey, key: str, inbound_ids: InboundIds) -> 
     route: SessionRoute | None = None
     previous: Session | None = None
     previous_end: str | None = None
+    newest = imported.current
     for item in imported.sessions:
         reason = None if previous is None else reset_reason_of(previous_end)
         session = Session.start(
@@ -109,7 +115,7 @@ def key_aggregates(imported: ImportedKey, key: str, inbound_ids: InboundIds) -> 
                 now=message.timestamp,
                 platform_message_id=message.platform_message_id,
             )
-            if message.platform_message_id and message.role == "user":
+            if message.platform_message_id and message.role == "user" and item is newest:
                 chat_ref, message_ref = inbound_ids(
                     item.source.chat_id, message.platform_message_id
                 )
@@ -140,8 +146,8 @@ def key_aggregates(imported: ImportedKey, key: str, inbound_ids: InboundIds) -> 
     if imported.suspended:
         current.suspend(now=imported.updated_at or current.last_activity_at)
     assert route is not None
-    # Marks of one platform message id seen twice (upstream kept both rows): the first wins.
+    # Marks of one platform message id seen twice (upstream kept both rows): the later wins.
     unique: dict[object, Aggregate] = {}
-    for mark in marks:
+    for mark in reversed(marks[-MARKED_INBOUND:]):
         unique.setdefault(mark.id, mark)
     return [route, *built, *unique.values()]

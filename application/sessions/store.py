@@ -534,21 +534,27 @@ class SessionsApplication(Application[UUID]):
         imported, with the key each got here. A key already here is skipped whole, so a
         second run, or a run after a killed one, imports only what is missing.
         ``dry_run``: everything is built and checked, nothing saved."""
-        pending: list[tuple[ImportedKey, str, list[Aggregate]]] = []
+        pending: list[tuple[ImportedKey, str, list[Any]]] = []
         for imported in keys:
             key = self.key_of_imported(imported)
             if route_uuid(key) in self.repository:
                 continue
-            pending.append((imported, key, key_aggregates(imported, key, self._inbound_ids)))
+            aggregates = key_aggregates(imported, key, self._inbound_ids)
+            pending.append((imported, key, [e for a in aggregates for e in a.collect_events()]))
         if dry_run:
             return [(imported, key) for imported, key, _ in pending]
+        # Through the event store, not ``save``: the library would take every 20th event's
+        # snapshot at once, reloading each session; the live store takes them as it goes.
         try:
-            self.save(*(a for _, _, aggregates in pending for a in aggregates))
+            self.events.put([e for _, _, events in pending for e in events])
         except IntegrityError:
             done = []
-            for imported, key, aggregates in pending:
-                if self._try_save(*aggregates):
-                    done.append((imported, key))
+            for imported, key, events in pending:
+                try:
+                    self.events.put(events)
+                except IntegrityError:
+                    continue  # imported meanwhile (another run): skipped whole
+                done.append((imported, key))
             return done
         return [(imported, key) for imported, key, _ in pending]
 
