@@ -19,9 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.hermes_fixture
 
-from gateway_ledger.entrypoints.hermes_import import import_hermes  # noqa: E402
-from gateway_ledger.infrastructure.importing.hermes import read_installation  # noqa: E402
-from tests.hermes_fixture import Installation, bulk  # noqa: E402
+from gateway_ledger.entrypoints.hermes_import import import_hermes
+from gateway_ledger.infrastructure.importing.hermes import read_installation
+from tests.hermes_fixture import Installation, bulk
 
 TARGET_SECONDS = 60.0
 
