@@ -236,7 +236,7 @@ def _config_yaml() -> Mapping[str, Any]:
     by its two lines (the one value this module needs)."""
     text = (hermes_home() / "config.yaml").read_text(encoding="utf-8")
     try:
-        import yaml  # type: ignore[import-untyped]
+        import yaml
     except ImportError:
         section: dict[str, Any] = {}
         inside = False
