@@ -27,7 +27,7 @@ from gateway_ledger.domain.sessions.source import SessionSource
 InboundIds = Callable[[str, str], tuple[str, str]]
 """(chat id, platform message id) -> the keyed hashes the store remembers them by."""
 
-MARKED_INBOUND = 20
+MARKED_INBOUND = 5
 """The newest user messages of a key's current session whose platform ids are marked as
 taken: a platform redelivers what it did not see acknowledged before the switch, which
 is the newest; marking a whole history would double the import's events for nothing."""
@@ -91,7 +91,7 @@ def key_aggregates(imported: ImportedKey, key: str, inbound_ids: InboundIds) -> 
     if not imported.sessions:
         raise InvalidInput(f"key {imported.key!r} has no session to import")
     built: list[Session] = []
-    marks: list[Aggregate] = []
+    inbound: list[tuple[ImportedMessage, int]] = []
     route: SessionRoute | None = None
     previous: Session | None = None
     previous_end: str | None = None
@@ -116,19 +116,7 @@ def key_aggregates(imported: ImportedKey, key: str, inbound_ids: InboundIds) -> 
                 platform_message_id=message.platform_message_id,
             )
             if message.platform_message_id and message.role == "user" and item is newest:
-                chat_ref, message_ref = inbound_ids(
-                    item.source.chat_id, message.platform_message_id
-                )
-                marks.append(
-                    InboundMessage.record(
-                        platform=item.source.platform,
-                        chat_scope=chat_ref,
-                        platform_message_id=message_ref,
-                        session_id=session.session_id,
-                        seq=seq,
-                        now=message.timestamp,
-                    )
-                )
+                inbound.append((message, seq))
         if previous is None:
             route = SessionRoute.open(key=key, session_id=session.session_id, now=item.created_at)
         else:
@@ -146,8 +134,19 @@ def key_aggregates(imported: ImportedKey, key: str, inbound_ids: InboundIds) -> 
     if imported.suspended:
         current.suspend(now=imported.updated_at or current.last_activity_at)
     assert route is not None
-    # Marks of one platform message id seen twice (upstream kept both rows): the later wins.
-    unique: dict[object, Aggregate] = {}
-    for mark in reversed(marks[-MARKED_INBOUND:]):
-        unique.setdefault(mark.id, mark)
-    return [route, *built, *unique.values()]
+    # The newest first: a platform message id seen twice (upstream kept both rows) is marked
+    # at its later message.
+    marks: dict[object, Aggregate] = {}
+    for message, seq in reversed(inbound[-MARKED_INBOUND:]):
+        assert message.platform_message_id is not None
+        chat_ref, message_ref = inbound_ids(current.source.chat_id, message.platform_message_id)
+        mark = InboundMessage.record(
+            platform=current.source.platform,
+            chat_scope=chat_ref,
+            platform_message_id=message_ref,
+            session_id=current.session_id,
+            seq=seq,
+            now=message.timestamp,
+        )
+        marks.setdefault(mark.id, mark)
+    return [route, *built, *marks.values()]
