@@ -147,6 +147,7 @@ ERROR_TEXT_ARGS: dict[str, tuple[int, ...] | None] = {
     "require_choice": (0,),
     "require_metadata": (0,),
     "check_not_quarantined": (0,),
+    "check_freshly_recorded": (0,),
     "require_aware": (0,),
     "require_json_like": (0,),
     "optional_text": (0,),
