@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
+import attrs
 import pytest
 
 from gateway_ledger.bootstrap import DeliveryLedger, SessionStore
@@ -282,3 +285,113 @@ def test_a_cleanly_stopped_installation_gains_no_file(
     assert not any(name.endswith("-wal") for name in before)  # closed cleanly
     import_hermes(home, db=str(tmp_path / "ledger.db"), raw_keys=True)
     assert snapshot(home) == before
+
+
+def test_the_import_reads_naive_times_in_the_zone_it_is_told(
+    tmp_path: Path, installation: tuple[Path, dict[str, str]]
+) -> None:
+    home, _ = installation
+    db = str(tmp_path / "ledger.db")
+    report = import_hermes(home, db=db, raw_keys=True, timezone="Asia/Tokyo")
+    assert "Asia/Tokyo" in report.time_basis
+    store = SessionStore.open(db, raw_keys=True)
+    try:
+        question, answer = store.history(session_id(T0, 3))
+    finally:
+        store.close()
+    # the JSONL's ISO line was written as naive local time; its epoch line is UTC as it is
+    written = datetime.fromisoformat(naive(T0 + 5)).replace(tzinfo=ZoneInfo("Asia/Tokyo"))
+    assert question.timestamp == written
+    assert answer.timestamp == datetime.fromtimestamp(T0 + 6, UTC)
+
+
+def test_import_on_both_stores_and_twice(
+    store_location: str, tmp_path: Path, installation: tuple[Path, dict[str, str]]
+) -> None:
+    home, ids = installation
+    first = import_hermes(home, db=store_location, secret_dir=tmp_path / "secret")
+    assert (first.keys_imported, first.obligations_imported) == (3, 6)
+    again = import_hermes(home, db=store_location, secret_dir=tmp_path / "secret")
+    assert again.nothing_new and again.keys_already_present == 3
+    ledger = DeliveryLedger.open(store_location)
+    try:
+        assert ledger.get(ids["failed"]).state == "failed"
+        assert {i["obligation_id"] for i in ledger.sweep_recoverable()} == {
+            ids["attempting"],
+            ids["pending"],
+            ids["claimed"],
+            ids["failed"],
+        }
+    finally:
+        ledger.close()
+
+
+def test_an_imported_obligation_takes_its_fact_once_and_only_first() -> None:
+    from gateway_ledger.application.delivery.importing import ImportedRow, imported_obligation
+    from gateway_ledger.domain.errors import IllegalTransition, InvalidInput
+
+    row = ImportedRow(
+        obligation_id="a" * 24, session_key=DM, platform="telegram", chat_id="99",
+        thread_id=None, content="x", state="pending", attempts=0, created_at=T0,
+        updated_at=T0, owner_pid=None, owner_started_at=None, last_error=None,
+    )  # fmt: skip
+    now = datetime.now(UTC)
+    obligation = imported_obligation(row, host="h", boot_id="b", source="hermes", now=now)
+    assert obligation.state == "pending" and not obligation.needs_marker
+    with pytest.raises(IllegalTransition, match="imported"):
+        obligation.note_import(
+            source="hermes", source_state="pending", attempts=0, last_error="",
+            created_at=T0, updated_at=T0, time_basis="utc", now=now,
+        )  # fmt: skip
+    with pytest.raises(InvalidInput, match="unknown state"):
+        imported_obligation(attrs.evolve(row, state="sent"), host="h", boot_id="b",
+                            source="hermes", now=now)  # fmt: skip
+    exhausted = imported_obligation(
+        attrs.evolve(row, state="attempting", attempts=3), host="h", boot_id="b",
+        source="hermes", now=now,
+    )  # fmt: skip
+    assert (exhausted.state, exhausted.abandon_reason) == ("abandoned", "max_attempts")
+
+
+def test_a_killed_import_is_run_again_without_duplicates(tmp_path: Path) -> None:
+    from gateway_ledger.application.sessions.admin import list_sessions
+    from tests.hermes_fixture import bulk
+
+    home = tmp_path / "hermes"
+    inst = Installation(home)
+    bulk(inst, 1500, 20, 300, NOW - 3600)
+    inst.close()
+    db = str(tmp_path / "ledger.db")
+    child = subprocess.Popen(
+        [EXE, "import", "hermes", str(home), "--db", db, "--raw-keys"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={k: v for k, v in os.environ.items() if k != "GATEWAY_LEDGER_DB"},
+    )
+    deadline = time.monotonic() + 60
+    while not Path(db).exists() or Path(db).stat().st_size < 200_000:  # some keys written
+        assert child.poll() is None and time.monotonic() < deadline, "the import ended early"
+        time.sleep(0.05)
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=30)
+    report = import_hermes(home, db=db, raw_keys=True)
+    assert 0 < report.keys_already_present < 1500  # the killed run left whole keys only
+    assert report.keys_imported + report.keys_already_present == 1500
+    store = SessionStore.open(db, raw_keys=True)
+    try:
+        assert len(list_sessions(store)) == 1500
+        status = store.status("agent:main:telegram:dm:100000")
+        assert status is not None and len(store.history(status.session_id)) == 20
+    finally:
+        store.close()
+
+
+def test_what_is_imported_is_sealed_at_rest(
+    tmp_path: Path, installation: tuple[Path, dict[str, str]]
+) -> None:
+    home, _ = installation
+    db = tmp_path / "ledger.db"
+    import_hermes(home, db=db)
+    stored = b"".join(p.read_bytes() for p in tmp_path.glob("ledger.db*"))
+    for text in ("plan my week", "your week", "topic question", "ReadTimeout", "alice"):
+        assert text.encode() not in stored, text
