@@ -537,8 +537,8 @@ class SessionsApplication(Application[UUID]):
         pending: list[tuple[ImportedKey, str, list[Any]]] = []
         for imported in keys:
             key = self.key_of_imported(imported)
-            if route_uuid(key) in self.repository:
-                continue
+            if self.recorder.select_events(route_uuid(key), limit=1):
+                continue  # imported before (its route's first event is stored)
             aggregates = key_aggregates(imported, key, self._inbound_ids)
             pending.append((imported, key, [e for a in aggregates for e in a.collect_events()]))
         if dry_run:
