@@ -59,6 +59,10 @@ def test_the_bridge_files_join_lid_and_phone(bridge: Path) -> None:
     for form in FORMS:
         assert canonical_whatsapp_identifier(form, aliases) == PHONE  # shortest wins
     assert expand_whatsapp_aliases("a/b", aliases) == {"a/b"}
+    # the search follows chains, and a cycle ends it
+    chain = {"1": ["22"], "22": ["333@lid"], "333": ["1", "bad id!"]}
+    assert expand_whatsapp_aliases("333", lambda i: chain.get(i, [])) == {"1", "22", "333"}
+    assert canonical_whatsapp_identifier("333@lid", lambda i: chain.get(i, [])) == "1"
 
 
 def test_every_form_of_one_person_gives_upstreams_key(bridge: Path) -> None:

@@ -21,7 +21,6 @@ AliasLookup = Callable[[str], Iterable[str]]
 mapping files for it); an id without a mapping gives nothing."""
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9@.+\-]+$")
-_MAX_ALIASES = 64
 
 
 def normalize_whatsapp_identifier(value: object) -> str:
@@ -46,7 +45,7 @@ def expand_whatsapp_aliases(value: object, lookup: AliasLookup | None = None) ->
     if lookup is None:
         return found
     queue = deque([start])
-    while queue and len(found) < _MAX_ALIASES:
+    while queue:  # ends: each id is queued once
         current = queue.popleft()
         if not is_safe_whatsapp_id(current):
             continue
