@@ -12,7 +12,7 @@ import pytest
 
 from gateway_ledger.bootstrap import SessionStore
 from gateway_ledger.domain.errors import NotFound
-from gateway_ledger.domain.sessions.key import build_session_key
+from gateway_ledger.domain.sessions.key import build_session_key, is_shared_multi_user_session
 from gateway_ledger.domain.sessions.policy import ResetPolicies, ResetPolicy
 from gateway_ledger.domain.sessions.source import SessionSource
 from gateway_ledger.domain.sessions.whatsapp import (
@@ -83,9 +83,22 @@ def test_every_form_of_one_person_gives_upstreams_key(bridge: Path) -> None:
     # a DM without a chat id keys by the participant, canonical, falling back to the raw id
     no_chat = SessionSource(platform="whatsapp", user_id_alt=f"+{PHONE}")
     assert build_session_key(no_chat) == f"agent:main:whatsapp:dm:{PHONE}"
-    # other platforms are left alone
+    # other platforms are left alone, DM chat ids and participants alike
     tg = SessionSource(platform="telegram", chat_id=f"+{PHONE}")
     assert build_session_key(tg) == f"agent:main:telegram:dm:+{PHONE}"
+    tg_group = SessionSource(platform="telegram", chat_id="-5", chat_type="group", user_id="+1@x")
+    assert build_session_key(tg_group) == "agent:main:telegram:group:-5:+1@x"
+
+
+def test_who_shares_a_session_as_upstream() -> None:
+    dm = SessionSource(platform="telegram", chat_id="1", thread_id="9")
+    group = SessionSource(platform="telegram", chat_id="-5", chat_type="group", user_id="u")
+    topic = SessionSource(platform="telegram", chat_id="-5", chat_type="forum", thread_id="9")
+    assert not is_shared_multi_user_session(dm, group_sessions_per_user=False)
+    assert not is_shared_multi_user_session(group)  # per user by default
+    assert is_shared_multi_user_session(group, group_sessions_per_user=False)
+    assert is_shared_multi_user_session(topic)  # threads are shared by default
+    assert not is_shared_multi_user_session(topic, thread_sessions_per_user=True)
 
 
 def test_chat_types_as_adapters_send_them() -> None:

@@ -75,6 +75,7 @@ FAST_TESTS = [
     "tests/test_session_policy_bounds.py",
     "tests/test_session_policy.py",
     "tests/test_session_keys.py",
+    "tests/test_upstream_domain.py",
     "tests/test_upstream_sessions.py",
     "tests/test_domain_values.py",
     "tests/test_session_aggregates.py",
