@@ -37,7 +37,7 @@ from gateway_ledger.application.clock import Clock, system_clock
 from gateway_ledger.application.sessions.importing import ImportedKey, key_aggregates
 from gateway_ledger.application.sessions.keying import SessionKeys
 from gateway_ledger.application.sessions.pins import SessionPins
-from gateway_ledger.application.sessions.ports import TranscriptWriter
+from gateway_ledger.application.sessions.ports import EventAppender, TranscriptWriter
 from gateway_ledger.application.sessions.prompt import HomeChannel, build_session_context_prompt
 from gateway_ledger.application.sessions.transcripts import TranscriptReader
 from gateway_ledger.application.sessions.views import (
@@ -192,6 +192,12 @@ class SessionsApplication(Application[UUID]):
     def derived_secret(self, purpose: str) -> bytes:
         """A secret derived from the store's master key for ``purpose`` (see ports.py)."""
         raise LedgerError("this session store has no master key to derive a secret from")
+
+    @property
+    def sealed_events(self) -> EventAppender:
+        """The write path of bulk writes (``import_keys``); the composition root's store is
+        the sealed event store, whose ``append`` reports no notification ids."""
+        raise LedgerError("this session store has no bulk write path")
 
     def reading_state_only(self) -> AbstractContextManager[None]:
         """Within: aggregates are rebuilt without opening what their state never reads (the
@@ -546,12 +552,12 @@ class SessionsApplication(Application[UUID]):
         # Through the event store, not ``save``: the library would take every 20th event's
         # snapshot at once, reloading each session; the live store takes them as it goes.
         try:
-            self.events.put([e for _, _, events in pending for e in events])
+            self.sealed_events.append([e for _, _, events in pending for e in events])
         except IntegrityError:
             done = []
             for imported, key, events in pending:
                 try:
-                    self.events.put(events)
+                    self.sealed_events.append(events)
                 except IntegrityError:
                     continue  # imported meanwhile (another run): skipped whole
                 done.append((imported, key))
