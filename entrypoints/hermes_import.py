@@ -20,12 +20,17 @@ from eventsourcing.application import AggregateNotFoundError
 from eventsourcing.persistence import PersistenceError
 
 from gateway_ledger import bootstrap
-from gateway_ledger.application.delivery.importing import import_rows
-from gateway_ledger.application.sessions.importing import ImportedKey
+from gateway_ledger.application.delivery.importing import RowsImported, import_rows
+from gateway_ledger.application.sessions.importing import ImportedKey, key_aggregates
 from gateway_ledger.application.sessions.keying import is_raw_keys_mode
+from gateway_ledger.domain.errors import LedgerError
 from gateway_ledger.domain.sessions.route import SessionKeying
 from gateway_ledger.infrastructure.eventstore.store import store_environment
-from gateway_ledger.infrastructure.importing.hermes import SourceProblem, read_installation
+from gateway_ledger.infrastructure.importing.hermes import (
+    HermesInstallation,
+    SourceProblem,
+    read_installation,
+)
 from gateway_ledger.infrastructure.ownership.liveness import this_host
 from gateway_ledger.infrastructure.ownership.process_identity import boot_id
 
@@ -110,37 +115,43 @@ def import_hermes(
     """
     started = time.perf_counter()
     found = read_installation(path, timezone=timezone)
-    recorded = _keying(db)
-    if recorded is not None:
-        raw_keys = is_raw_keys_mode(recorded)
-    store = bootstrap.SessionStore.open(db, raw_keys=raw_keys, secret_dir=secret_dir)
-    try:
-        done: list[tuple[ImportedKey, str]] = []
-        for start in range(0, len(found.keys), KEY_BATCH):
-            batch = found.keys[start : start + KEY_BATCH]
-            done.extend(store.import_keys(batch, dry_run=dry_run))
-        store_keys = {k.key: store.key_of_imported(k) for k in found.keys}
-        keying = "raw upstream keys" if store.hasher is None else "keyed hashes"
-    finally:
-        store.close()
-    ledger = bootstrap.DeliveryLedger.open(db)
-    try:
-        rows = [
-            attrs.evolve(r, session_key=store_keys.get(r.session_key, r.session_key))
-            for r in found.rows
-        ]
-        result = import_rows(
-            ledger,
-            rows,
-            host=this_host(),
-            boot_id=boot_id(),
-            source=SOURCE,
-            now=datetime.now(UTC),
-            dry_run=dry_run,
-        )
-    finally:
-        ledger.close()
+    refused: list[tuple[ImportedKey, str]] = []
+    if dry_run and _absent(db):
+        done, store_keys, result = _check_only(found, refused)
+        keying = "raw upstream keys" if raw_keys else "keyed hashes"
+    else:
+        recorded = _keying(db)
+        if recorded is not None:
+            raw_keys = is_raw_keys_mode(recorded)
+        store = bootstrap.SessionStore.open(db, raw_keys=raw_keys, secret_dir=secret_dir)
+        try:
+            done = []
+            for start in range(0, len(found.keys), KEY_BATCH):
+                batch = found.keys[start : start + KEY_BATCH]
+                done.extend(store.import_keys(batch, dry_run=dry_run, refused=refused))
+            store_keys = {k.key: store.key_of_imported(k) for k in found.keys}
+            keying = "raw upstream keys" if store.hasher is None else "keyed hashes"
+        finally:
+            store.close()
+        ledger = bootstrap.DeliveryLedger.open(db)
+        try:
+            rows = [
+                attrs.evolve(r, session_key=store_keys.get(r.session_key, r.session_key))
+                for r in found.rows
+            ]
+            result = import_rows(
+                ledger,
+                rows,
+                host=this_host(),
+                boot_id=boot_id(),
+                source=SOURCE,
+                now=datetime.now(UTC),
+                dry_run=dry_run,
+            )
+        finally:
+            ledger.close()
     problems = list(found.problems)
+    problems.extend(SourceProblem(*k.origin, why) for k, why in refused)
     problems.extend(
         SourceProblem("state.db:delivery_obligations", oid, why) for oid, why in result.refused
     )
@@ -152,7 +163,7 @@ def import_hermes(
         keying=keying,
         keys_found=len(found.keys),
         keys_imported=len(done),
-        keys_already_present=len(found.keys) - len(done),
+        keys_already_present=len(found.keys) - len(done) - len(refused),
         sessions_imported=sum(len(k.sessions) for k, _ in done),
         messages_imported=sum(k.message_count for k, _ in done),
         obligations_found=len(found.rows),
@@ -161,6 +172,42 @@ def import_hermes(
         problems=tuple(problems),
         elapsed_seconds=round(time.perf_counter() - started, 3),
     )
+
+
+def _absent(db: str | Path) -> bool:
+    """A store file that is not there yet (a dry run then opens nothing, so creates
+    nothing); a URL names a server, whose store is opened as for a real run."""
+    return "://" not in str(db) and not Path(db).exists()
+
+
+class _Nothing:
+    """A ledger that holds nothing and takes nothing: what a dry run into no store checks
+    against."""
+
+    def exists(self, obligation_id: str) -> bool:
+        return False
+
+    def save(self, *aggregates: Any) -> None:
+        raise AssertionError("a dry run saves nothing")
+
+
+def _check_only(
+    found: HermesInstallation, refused: list[tuple[ImportedKey, str]]
+) -> tuple[list[tuple[ImportedKey, str]], dict[str, str], RowsImported]:
+    """Every key and row built and checked as a live store would, without a store."""
+    done = []
+    for imported in found.keys:
+        try:
+            key_aggregates(imported, imported.key, lambda chat, message: (chat, message))
+        except LedgerError as e:
+            refused.append((imported, str(e)))
+            continue
+        done.append((imported, imported.key))
+    result = import_rows(
+        _Nothing(), found.rows, host=this_host(), boot_id=boot_id(), source=SOURCE,
+        now=datetime.now(UTC), dry_run=True,
+    )  # fmt: skip
+    return done, {}, result
 
 
 def problems_text(problems: Sequence[SourceProblem]) -> list[str]:

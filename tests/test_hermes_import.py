@@ -228,6 +228,8 @@ def test_a_dry_run_writes_nothing(
     db = str(tmp_path / "ledger.db")
     report = import_hermes(home, db=db, dry_run=True, raw_keys=True)
     assert report.keys_imported == 3 and report.obligations_imported == 6
+    assert report.dry_run and not list(tmp_path.glob("ledger.db*"))  # not even created
+    assert "would import 3 session key(s)" in report.summary()
     real = import_hermes(home, db=db, raw_keys=True)
     assert real.keys_imported == 3 and real.obligations_imported == 6
 
@@ -395,3 +397,26 @@ def test_what_is_imported_is_sealed_at_rest(
     stored = b"".join(p.read_bytes() for p in tmp_path.glob("ledger.db*"))
     for text in ("plan my week", "your week", "topic question", "ReadTimeout", "alice"):
         assert text.encode() not in stored, text
+
+
+def test_a_key_a_live_store_would_refuse_is_reported_and_left_out(tmp_path: Path) -> None:
+    from gateway_ledger.domain.values import MAX_CONTENT_BYTES
+
+    home = tmp_path / "hermes"
+    inst = Installation(home)
+    huge = "x" * (MAX_CONTENT_BYTES + 1)
+    for n, content in enumerate(("fine", huge)):
+        key = f"agent:main:telegram:dm:{n}"
+        origin = source("telegram", str(n))
+        sid = session_id(T0, 10 + n)
+        inst.add_session(sid, key, origin, T0, [("user", content, T0 + 1, None)])
+        inst.route(key, entry(key, sid, origin, T0, T0 + 1))
+    inst.commit()
+    inst.close()
+    for dry_run in (True, False):
+        report = import_hermes(home, db=tmp_path / "l.db", raw_keys=True, dry_run=dry_run)
+        assert (report.keys_imported, report.keys_already_present) == (1, 0)
+        assert [(p.file, p.item) for p in report.problems] == [
+            ("state.db:gateway_routing", "key #2")
+        ]
+        assert "larger than" in report.problems[0].error

@@ -65,6 +65,8 @@ class ImportedKey:
     resume_reason: str | None = None
     resume_marked_at: datetime | None = None
     updated_at: datetime | None = None
+    origin: tuple[str, str] = ("", "")
+    """Where the reader found it (file, position): what a report names instead of the key."""
 
     @property
     def current(self) -> ImportedSession:

@@ -185,8 +185,9 @@ def read_installation(home: str | Path, *, timezone: str | None = None) -> Herme
             shared = [s.session_id for s in imported.sessions if s.session_id in taken]
             if shared:
                 raise BadItem(f"session {shared[0]} is already that of another key")
-            if failures.get(key, 0) >= SUSPEND_AFTER_FAILURES:
-                imported = attrs.evolve(imported, suspended=True)
+            suspended = imported.suspended or failures.get(key, 0) >= SUSPEND_AFTER_FAILURES
+            where = (origin_file, f"key #{position + 1}")
+            imported = attrs.evolve(imported, suspended=suspended, origin=where)
         except (BadItem, LedgerError, ValueError, KeyError, TypeError) as e:
             found.problems.append(SourceProblem(origin_file, f"key #{position + 1}", _why(e)))
             continue
