@@ -127,6 +127,13 @@ def test_one_person_one_session_in_a_keyed_store(tmp_path: Path, bridge: Path) -
         assert ctx.is_new and ctx.key.startswith("agent:main:telegram:forum:")
     finally:
         store.close()
+    raw = SessionStore.open(tmp_path / "raw.db", raw_keys=True, whatsapp_dir=bridge)
+    try:
+        for form in FORMS:  # byte-identical to upstream's key, whichever form arrives
+            ctx = raw.resolve(SessionSource(platform="whatsapp", chat_id=form), T0)
+            assert ctx.key == f"agent:main:whatsapp:dm:{PHONE}"
+    finally:
+        raw.close()
 
 
 def test_store_operations_upstreams_gateway_calls(store_location: str, tmp_path: Path) -> None:
