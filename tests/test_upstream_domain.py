@@ -93,6 +93,6 @@ def test_the_imported_fact_is_refused_unless_first_and_well_formed() -> None:
         {"now": datetime(2026, 1, 1)},
     ):
         fresh = recorded()
-        with pytest.raises(InvalidInput, match=next(iter(bad))):
+        with pytest.raises(InvalidInput, match=f"^{next(iter(bad))} "):
             note(fresh, **bad)
         assert fresh.version == 1
