@@ -34,6 +34,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "projections",
     "sessions",  # with its "forget" subcommand (commands/forget.py)
     "metrics",
+    "importing",  # "import hermes PATH"
 )
 
 DB_ENV = "GATEWAY_LEDGER_DB"

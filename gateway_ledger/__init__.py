@@ -40,6 +40,8 @@ _EXPORTS: dict[str, str] = {
     "hash_id": "gateway_ledger.domain.privacy.hashing",
     "hash_sender_id": "gateway_ledger.domain.privacy.hashing",
     "hash_chat_id": "gateway_ledger.domain.privacy.hashing",
+    # migrating from an existing gateway (see also gateway_ledger.delivery_ledger)
+    "import_hermes": "gateway_ledger.entrypoints.hermes_import",
     # errors
     "LedgerError": "gateway_ledger.domain.errors",
     "InvalidInput": "gateway_ledger.domain.errors",

@@ -90,6 +90,7 @@ from gateway_ledger.infrastructure.ownership.process_identity import current_own
 from gateway_ledger.infrastructure.sessions.secrets import load_or_create_secret, secret_path
 from gateway_ledger.infrastructure.sessions.transcoding import build_session_transcoder
 from gateway_ledger.infrastructure.sessions.transcript_files import JsonlTranscriptFiles
+from gateway_ledger.infrastructure.sessions.whatsapp_aliases import BridgeAliasFiles
 from gateway_ledger.infrastructure.views.delivery import SqlObligationIndex, SqlRecoverableView
 from gateway_ledger.projections.delivery.obligation_index import ObligationIndexView
 from gateway_ledger.projections.delivery.recoverable import RecoverableView
@@ -476,7 +477,13 @@ def open_sessions(
     existing: bool = False,
     **options: Any,
 ) -> SessionStore:
-    """The session store at ``location``, its keying checked (``SessionStore.open``)."""
+    """The session store at ``location``, its keying checked (``SessionStore.open``).
+
+    ``whatsapp_dir`` (an option): the WhatsApp bridge's session directory, whose LID <->
+    phone mapping files make WhatsApp ids canonical in keys."""
+    whatsapp_dir = options.pop("whatsapp_dir", None)
+    if whatsapp_dir is not None:
+        options["whatsapp_aliases"] = BridgeAliasFiles(whatsapp_dir)
     env = store_environment(location, existing=True) if existing else None
     hasher = None
     if not raw_keys:

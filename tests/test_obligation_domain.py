@@ -67,6 +67,7 @@ STORED_EVENTS = (
     "Quarantined",
     "Reconciled",
     "StatusReported",
+    "Imported",
 )
 
 

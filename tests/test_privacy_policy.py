@@ -26,6 +26,7 @@ from eventsourcing.utils import get_topic, resolve_topic
 from privacy_support import store_bytes
 
 import gateway_ledger.domain
+from gateway_ledger.application.delivery.importing import ImportedRow, import_rows
 from gateway_ledger.application.privacy.erasure import DELIVERY_PRIVACY, SESSION_PRIVACY
 from gateway_ledger.bootstrap import DeliveryLedger, SessionStore
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation
@@ -114,6 +115,7 @@ def write_every_event_type(ledger: DeliveryLedger, store: SessionStore) -> None:
     store.clear_resume_pending(ctx.session_id, T0)
     store.suspend(ctx.session_id, T0)
     store.reset(ctx.key, now=T0 + timedelta(seconds=1))  # Reset, Route.Rotated
+    store.switch_session(ctx.key, ctx.session_id, now=T0 + timedelta(seconds=2))  # Reopened
     store.take_snapshot(route_uuid(ctx.key))
 
     key = ctx.key
@@ -175,6 +177,14 @@ def write_every_event_type(ledger: DeliveryLedger, store: SessionStore) -> None:
         content="erased before the scan",
     )  # fmt: skip
     ledger.forget_session("agent:main:x:dm:gone")  # SubjectErased
+    row = ImportedRow(
+        obligation_id="0" * 24, session_key=key, platform="telegram",
+        chat_id="imported-chat-PII-4711", thread_id="imported-thread-PII-4711",
+        content="imported-content-PII-4711", state="failed", attempts=1, created_at=1.0e9,
+        updated_at=1.0e9 + 1, owner_pid=1, owner_started_at=1,
+        last_error="imported-error-PII-4711",
+    )  # fmt: skip
+    import_rows(ledger, [row], host="h", boot_id="b", source="hermes", now=T0)  # Imported
 
 
 def flatten(value: Any) -> Iterator[str]:

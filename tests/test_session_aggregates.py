@@ -230,6 +230,7 @@ STORED_FIELDS: dict[type, tuple[str, ...]] = {
     Session.ResumeCleared: (),
     Session.Suspended: (),
     Session.Reset: ("reason", "successor_session_id"),
+    Session.Reopened: ("reason",),
     SessionRoute.Opened: ("key", "session_id"),
     SessionRoute.Rotated: ("previous_session_id", "session_id", "reason"),
     InboundMessage.Seen: ("platform", "chat_scope", "platform_message_id", "session_id", "seq"),

@@ -270,8 +270,11 @@ def test_hashed_keys_are_injective_even_with_missing_slots(
 def test_source_validation_and_normalisation() -> None:
     src = SessionSource(platform="telegram", chat_id=12345, user_id=7, thread_id="")
     assert src.chat_id == "12345" and src.user_id == "7" and src.thread_id is None
-    with pytest.raises(InvalidInput, match="chat_type"):
-        SessionSource(platform="telegram", chat_id="1", chat_type="supergroup")
+    # any non-empty type is accepted (adapters send forum, webhook, ...); empty is not
+    assert SessionSource(platform="telegram", chat_id="1", chat_type="supergroup").chat_type
+    for bad in ("", " group", "a\x00b"):
+        with pytest.raises(InvalidInput, match="chat_type"):
+            SessionSource(platform="telegram", chat_id="1", chat_type=bad)
     with pytest.raises(InvalidInput, match="platform"):
         SessionSource(platform="", chat_id="1")
     with pytest.raises(InvalidInput):

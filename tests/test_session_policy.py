@@ -116,9 +116,26 @@ def test_decide_follows_upstream_order() -> None:
     assert _decide(pinned=True) == (None, False)
     assert _decide(pinned=True, suspended=True) == (None, False)
     assert _decide(suspended=True) == (ResetReason.SUSPENDED, False)
-    # a fresh interrupted turn is kept and continued, even past the idle limit
-    assert _decide(resume_pending=True) == (None, True)
+    # the idle/daily policy applies first, even to a pending resume (upstream's order)
+    assert _decide(resume_pending=True) == (ResetReason.IDLE, False)
+    # then the freshness window, counted from the moment the resume was marked
+    day = ResetPolicy(mode="idle", idle_minutes=1440)
     late = T0 + timedelta(seconds=3601)
-    assert _decide(resume_pending=True, now=late) == (ResetReason.RESUME_PENDING_EXPIRED, False)
-    assert _decide(resume_pending=True, now=late, auto_continue_seconds=0) == (None, True)
-    assert _decide(resume_pending=True, now=late, auto_continue_seconds=7200) == (None, True)
+    assert _decide(resume_pending=True, policy=day) == (None, True)
+    assert _decide(resume_pending=True, policy=day, now=late) == (
+        ResetReason.RESUME_PENDING_EXPIRED,
+        False,
+    )
+    fresh_mark = {"resume_marked_at": late - timedelta(minutes=1)}  # new traffic since: no matter
+    assert _decide(resume_pending=True, policy=day, now=late, **fresh_mark) == (None, True)
+    assert _decide(resume_pending=True, policy=day, now=late, auto_continue_seconds=0) == (
+        None,
+        True,
+    )
+    assert _decide(resume_pending=True, policy=day, now=late, auto_continue_seconds=7200) == (
+        None,
+        True,
+    )
+    # reset mode none (the default) turns the window off: the interrupted turn resumes
+    days_later = T0 + timedelta(days=3)
+    assert _decide(resume_pending=True, policy=ResetPolicy(), now=days_later) == (None, True)

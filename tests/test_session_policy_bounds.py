@@ -182,10 +182,14 @@ def test_a_suspended_session_never_auto_continues() -> None:
 
 
 def test_the_auto_continue_window_includes_its_last_second() -> None:
+    day = ResetPolicy(mode="idle", idle_minutes=1440)  # the idle policy must not fire first
     at_edge = T0 + timedelta(seconds=3600)
-    assert _decide(resume_pending=True, now=at_edge) == (None, True)
+    assert _decide(resume_pending=True, now=at_edge, policy=day) == (None, True)
     past = at_edge + timedelta(microseconds=1)
-    assert _decide(resume_pending=True, now=past) == (ResetReason.RESUME_PENDING_EXPIRED, False)
+    assert _decide(resume_pending=True, now=past, policy=day) == (
+        ResetReason.RESUME_PENDING_EXPIRED,
+        False,
+    )
 
 
 def test_a_sub_second_window_still_gates_freshness() -> None:

@@ -195,15 +195,31 @@ def test_manual_reset_and_suspend(store_location: str, secret_dir: Path) -> None
 
 
 def test_auto_continue_window(store_location: str, secret_dir: Path) -> None:
-    store = open_store(store_location, secret_dir, auto_continue_seconds=600)
+    # The window applies only under a reset mode other than ``none`` (upstream), and counts
+    # from the moment the resume was marked: the message at 300 s does not extend it.
+    idle = ResetPolicies(default=ResetPolicy(mode="idle", idle_minutes=1440))
+    store = open_store(store_location, secret_dir, auto_continue_seconds=600, policies=idle)
     ctx = store.resolve(ALICE, T0)
     store.append(ctx, "user", "long task", now=T0)
     store.mark_resume_pending(ctx.session_id, "restart", now=T0)
+    fresh = store.resolve(ALICE, T0 + timedelta(seconds=300))
+    assert fresh.session_id == ctx.session_id and fresh.should_auto_continue
+    store.append(fresh, "user", "still there?", now=T0 + timedelta(seconds=300))
     fresh = store.resolve(ALICE, T0 + timedelta(seconds=599))
     assert fresh.session_id == ctx.session_id and fresh.should_auto_continue
     expired = store.resolve(ALICE, T0 + timedelta(seconds=601))
     assert expired.reset_reason == "resume_pending_expired" and not expired.should_auto_continue
-    assert len(store.history(ctx.session_id)) == 1  # the old transcript is kept
+    assert len(store.history(ctx.session_id)) == 2  # the old transcript is kept
+
+
+def test_reset_mode_none_keeps_an_interrupted_conversation(
+    store_location: str, secret_dir: Path
+) -> None:
+    store = open_store(store_location, secret_dir, auto_continue_seconds=600)  # mode none
+    ctx = store.resolve(ALICE, T0)
+    store.mark_resume_pending(ctx.session_id, "restart_timeout", now=T0)
+    kept = store.resolve(ALICE, T0 + timedelta(days=3))
+    assert kept.session_id == ctx.session_id and kept.should_auto_continue
 
 
 def test_auto_continue_window_from_environment(

@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import golden_stores as gs
 
+from gateway_ledger.application.delivery.importing import ImportedRow, import_rows
 from gateway_ledger.bootstrap import DeliveryLedger, SessionStore
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation, obligation_uuid
 from gateway_ledger.domain.sessions.policy import ResetPolicies, ResetPolicy
@@ -141,6 +142,7 @@ def write_sessions(location: Path, clock: Clock, *, raw_keys: bool, prefix: str)
         )
         ctx = store.resolve(alice, now=clock.at(10))
         keys["dm"] = ctx.key
+        first = ctx.session_id
         store.append(ctx, "user", "hello there", platform_message_id="m1", now=clock.at(11))
         store.append(ctx, "assistant", "hi Alice", now=clock.at(12))
         store.mark_resume_pending(ctx.session_id, now=clock.at(13))
@@ -150,6 +152,7 @@ def write_sessions(location: Path, clock: Clock, *, raw_keys: bool, prefix: str)
         ctx = store.resolve(alice, now=clock.at(20 + 2 * 3600))  # idle reset
         store.append(ctx, "user", "back again", platform_message_id="m3", now=clock.at(7230))
         store.suspend(ctx.session_id, now=clock.at(7240))  # /stop
+        store.switch_session(ctx.key, first, now=clock.at(7250))  # back to the first: Reopened
 
         group = SessionSource(
             platform="discord",
@@ -336,6 +339,19 @@ def write_ledger(location: Path, clock: Clock, keys: dict[str, str]) -> None:
         d.mark_failed("g-retry", "timeout", "ambiguous")
         clock.at(1002 + 25 * 3600)
         w.ledger(OPERATOR).retry("g-retry", by_operator="ops-alice")
+
+        # Imported from an upstream installation: its dead gateway was sending it.
+        clock.at(1003 + 25 * 3600)
+        stamp = clock.now.timestamp()
+        row = ImportedRow(
+            obligation_id="g-imported", session_key=dm, platform="telegram", chat_id="99",
+            thread_id=None, content="imported reply", state="attempting", attempts=1,
+            created_at=stamp - 60, updated_at=stamp - 30, owner_pid=D.pid,
+            owner_started_at=D.start_time, last_error=None,
+        )  # fmt: skip
+        import_rows(
+            w.ledger(D), [row], host=D.host, boot_id=D.boot_id, source="hermes", now=clock.now
+        )
 
         # Recorded and delivered in clear (encrypt=False).
         clock.at(1100 + 25 * 3600)

@@ -94,7 +94,14 @@ DELIVERY_PRIVACY = PrivacyPolicy(
     ),
     InClear(
         DeliveryObligation.Claimed,
-        ("by", "previous_owner", "recovery_attempt", "needs_marker", "fence"),
+        (
+            "by",
+            "previous_owner",
+            "recovery_attempt",
+            "needs_marker",
+            "fence",
+            "previous_owner_gone",
+        ),
     ),
     InClear(DeliveryObligation.RetryRequested, ("by", "previous_owner", "requested_by", "fence")),
     SealedEvent(DeliveryObligation.Abandoned, ("detail",), clear=("reason", "by")),
@@ -104,7 +111,16 @@ DELIVERY_PRIVACY = PrivacyPolicy(
     SealedEvent(
         DeliveryObligation.Reconciled,
         ("evidence", "message_ids"),
-        clear=("by", "fence", "outcome", "part", "completes", "claim_pending", "may_have_arrived"),
+        clear=(
+            "by",
+            "fence",
+            "outcome",
+            "part",
+            "completes",
+            "claim_pending",
+            "may_have_arrived",
+            "stray_send_possible",
+        ),
     ),
     SealedEvent(
         DeliveryObligation.StatusReported,
@@ -120,6 +136,19 @@ DELIVERY_PRIVACY = PrivacyPolicy(
             "recorded_at",
             "recovery_attempts",
             "part",
+        ),
+    ),
+    SealedEvent(
+        DeliveryObligation.Imported,
+        ("last_error",),
+        clear=(
+            "source",
+            "source_state",
+            "attempts",
+            "created_at",
+            "updated_at",
+            "time_basis",
+            "possibly_sent",
         ),
     ),
     InClear(
@@ -158,6 +187,7 @@ SESSION_PRIVACY = PrivacyPolicy(
     InClear(Session.ResumeCleared),
     InClear(Session.Suspended),
     InClear(Session.Reset, ("reason", "successor_session_id")),
+    InClear(Session.Reopened, ("reason",)),
     SealedEvent(SessionRoute.Opened, ("key",), subject_from="key", clear=("session_id",)),
     InClear(SessionRoute.Rotated, ("previous_session_id", "session_id", "reason")),
     # Keyed hashes of the chat and message ids only (ADR 0013).

@@ -15,6 +15,7 @@ from gateway_ledger.domain.errors import InvalidInput
 from gateway_ledger.domain.privacy.hashing import KeyedHasher
 from gateway_ledger.domain.sessions.key import Hasher, build_session_key
 from gateway_ledger.domain.sessions.source import SessionSource
+from gateway_ledger.domain.sessions.whatsapp import AliasLookup
 
 RAW_KEYS_MODE = "raw"
 INBOUND_IDS_PURPOSE = "gateway-ledger/inbound-ids/v1"
@@ -32,9 +33,12 @@ class SessionKeys:
         group_sessions_per_user: bool,
         thread_sessions_per_user: bool,
         derived_secret: DerivedSecret,
+        whatsapp_aliases: AliasLookup | None = None,
     ) -> None:
         """``hasher=None``: upstream's raw keys. ``derived_secret`` is asked only when an
-        inbound id of a raw-keys store is first hashed."""
+        inbound id of a raw-keys store is first hashed. ``whatsapp_aliases``: the LID <->
+        phone table WhatsApp ids are made canonical with (none: each id's own form only)."""
+        self.whatsapp_aliases = whatsapp_aliases
         self.hasher = hasher
         self.group_sessions_per_user = group_sessions_per_user
         self.thread_sessions_per_user = thread_sessions_per_user
@@ -56,6 +60,7 @@ class SessionKeys:
             group_sessions_per_user=self.group_sessions_per_user,
             thread_sessions_per_user=self.thread_sessions_per_user,
             hasher=self.hasher,
+            whatsapp_aliases=self.whatsapp_aliases,
         )
 
     def inbound_ids(self, chat_id: str, platform_message_id: str) -> tuple[str, str]:

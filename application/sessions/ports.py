@@ -5,9 +5,9 @@ infrastructure decides how it is written to a file.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from gateway_ledger.application.sessions.views import TranscriptMessage
 
@@ -25,3 +25,10 @@ class TranscriptWriter(Protocol):
         """Write ``messages`` in order; the file's path. ``session_id`` is a safe file name
         (the application checked it); the file holds personal data."""
         ...
+
+
+class EventAppender(Protocol):
+    """The write path without a ``Recording`` of each event (the composition root's sealed
+    event store has it): for a bulk write, such as an import, that nobody is notified of."""
+
+    def append(self, domain_events: Sequence[Any], **kwargs: Any) -> None: ...

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import os
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime, tzinfo
 from pathlib import Path
@@ -31,15 +31,19 @@ from zoneinfo import ZoneInfo
 from eventsourcing.application import AggregateNotFoundError, Application
 from eventsourcing.domain import Aggregate
 from eventsourcing.persistence import IntegrityError
+from eventsourcing.utils import get_topic
 
 from gateway_ledger.application.clock import Clock, system_clock
+from gateway_ledger.application.sessions.importing import ImportedKey, key_aggregates
 from gateway_ledger.application.sessions.keying import SessionKeys
 from gateway_ledger.application.sessions.pins import SessionPins
-from gateway_ledger.application.sessions.ports import TranscriptWriter
+from gateway_ledger.application.sessions.ports import EventAppender, TranscriptWriter
+from gateway_ledger.application.sessions.prompt import HomeChannel, build_session_context_prompt
 from gateway_ledger.application.sessions.transcripts import TranscriptReader
 from gateway_ledger.application.sessions.views import (
     AppendResult,
     SessionContext,
+    SessionStatus,
     TranscriptMessage,
 )
 from gateway_ledger.domain.errors import (
@@ -50,7 +54,12 @@ from gateway_ledger.domain.errors import (
     NotFound,
     SessionErased,
 )
-from gateway_ledger.domain.sessions.key import Hasher, is_path_unsafe
+from gateway_ledger.domain.privacy.hashing import KeyedHasher
+from gateway_ledger.domain.sessions.key import (
+    Hasher,
+    is_path_unsafe,
+    is_shared_multi_user_session,
+)
 from gateway_ledger.domain.sessions.policy import (
     DEFAULT_AUTO_CONTINUE_SECONDS,
     ResetPolicies,
@@ -66,6 +75,7 @@ from gateway_ledger.domain.sessions.route import (
 )
 from gateway_ledger.domain.sessions.session import Session, format_session_id, session_uuid
 from gateway_ledger.domain.sessions.source import SessionSource
+from gateway_ledger.domain.sessions.whatsapp import AliasLookup
 from gateway_ledger.domain.values import require_aware, require_clear_text, require_text
 
 log = logging.getLogger("gateway_ledger.sessions")
@@ -74,6 +84,16 @@ SESSIONS_APPLICATION_NAME = "gateway_sessions"
 """Part of the stored identity of every event; never change it on an existing store."""
 
 AUTO_CONTINUE_ENV = "GATEWAY_LEDGER_AUTO_CONTINUE_SECONDS"
+PROMPT_IDS_PURPOSE = "gateway-ledger/prompt-ids/v1"
+"""The label of the secret a raw-keys store hashes the ids in a context block under."""
+AUTOMATIC_RESETS = frozenset(
+    {
+        ResetReason.IDLE.value,
+        ResetReason.DAILY.value,
+        ResetReason.SUSPENDED.value,
+        ResetReason.RESUME_PENDING_EXPIRED.value,
+    }
+)
 RETRIES = 8
 
 
@@ -131,6 +151,7 @@ class SessionsApplication(Application[UUID]):
         new_suffix: Callable[[], str] = random_suffix,
         encrypt: bool | None = None,
         keying_check: bool = True,
+        whatsapp_aliases: AliasLookup | None = None,
     ) -> None:
         """Keys are keyed hashes under ``hasher`` unless ``raw_keys=True``. ``encrypt``:
         whether new events are sealed at rest (None: as the store's environment says).
@@ -149,6 +170,7 @@ class SessionsApplication(Application[UUID]):
             group_sessions_per_user=group_sessions_per_user,
             thread_sessions_per_user=thread_sessions_per_user,
             derived_secret=self.derived_secret,
+            whatsapp_aliases=whatsapp_aliases,
         )
         self.pins = SessionPins(has_active_processes)
         self.policies = policies or ResetPolicies()
@@ -170,6 +192,12 @@ class SessionsApplication(Application[UUID]):
     def derived_secret(self, purpose: str) -> bytes:
         """A secret derived from the store's master key for ``purpose`` (see ports.py)."""
         raise LedgerError("this session store has no master key to derive a secret from")
+
+    @property
+    def sealed_events(self) -> EventAppender:
+        """The write path of bulk writes (``import_keys``); the composition root's store is
+        the sealed event store, whose ``append`` reports no notification ids."""
+        raise LedgerError("this session store has no bulk write path")
 
     def reading_state_only(self) -> AbstractContextManager[None]:
         """Within: aggregates are rebuilt without opening what their state never reads (the
@@ -261,9 +289,8 @@ class SessionsApplication(Application[UUID]):
                 pinned=self.is_pinned(key),
                 suspended=session.suspended,
                 resume_pending=session.resume_pending,
-                last_activity=max(session.last_activity_at, session.resume_marked_at or now)
-                if session.resume_pending
-                else session.last_activity_at,
+                last_activity=session.last_activity_at,
+                resume_marked_at=session.resume_marked_at,
                 now=now,
                 policy=self.policies.for_source(source.platform, source.chat_type),
                 zone=self.zone,
@@ -379,6 +406,174 @@ class SessionsApplication(Application[UUID]):
             previous_session_id=session.previous_session_id,
             should_auto_continue=should_auto_continue,
         )
+
+    # -- switching, looking up, reading back -----------------------------------------------------
+
+    def switch_session(
+        self, key: str, target_session_id: str, now: Any = None
+    ) -> SessionContext | None:
+        """Make an earlier session current for ``key`` (``/resume``): None for an unknown key;
+        unchanged when it is current already. The session left ends (``session_switch``),
+        the target is reopened if it had ended; several keys may share one session."""
+        now = require_aware("now", self.clock() if now is None else now)
+        require_text("session key", key)
+        if self.is_pinned(key):
+            raise IllegalTransition(
+                "SessionRoute", key, "pinned by an active background process", "switched"
+            )
+        for _ in range(RETRIES):
+            route = self.route_of(key)
+            if route is None:
+                return None
+            if route.session_id == target_session_id:
+                current = self.load_session(route.session_id)
+                return self._context(key, current, current.source)
+            target = self.load_session(target_session_id)
+            left = self.load_session(route.session_id)
+            changed: list[Aggregate] = [route, target]
+            if not left.ended:
+                left.reset(
+                    reason=ResetReason.SESSION_SWITCH,
+                    successor_session_id=target.session_id,
+                    now=now,
+                )
+                changed.append(left)
+            target.reopen(reason=ResetReason.SESSION_SWITCH, now=now)
+            route.rotate(session_id=target.session_id, reason=ResetReason.SESSION_SWITCH, now=now)
+            if self._try_save(*changed):
+                log.info("key switched from %s to %s", left.session_id, target.session_id)
+                return self._context(key, target, target.source)
+        raise ConcurrentUpdate("SessionRoute", key, "switch")
+
+    def status(self, key: str) -> SessionStatus | None:
+        """The key's current session and why it is as it is; None for an unknown key."""
+        route = self.route_of(require_text("session key", key))
+        if route is None:
+            return None
+        return self._status(key, self.load_session(route.session_id))
+
+    def lookup_by_session_id(self, session_id: str) -> SessionStatus | None:
+        """The session with this id (upstream's ``lookup_by_session_id``); None if unknown."""
+        session = self._get(self._session_uuid(session_id))
+        if session is None:
+            return None
+        assert isinstance(session, Session)
+        return self._status(session.key, session)
+
+    def peek_session_id(self, key: str) -> str | None:
+        """The key's current session id, without resolving or resetting anything."""
+        route = self.route_of(require_text("session key", key))
+        return None if route is None else route.session_id
+
+    def has_any_sessions(self) -> bool:
+        """Upstream's ``has_any_sessions``: more than one session exists. Its gateway asks
+        after the current message's session was made, to tell an installation that has had
+        conversations before from a brand-new one."""
+        started = self.recorder.select_notifications(
+            0, 2, topics=[get_topic(Session.Started)], inclusive_of_start=False
+        )
+        return len(started) > 1
+
+    @staticmethod
+    def _status(key: str, session: Session) -> SessionStatus:
+        reason = session.started_reason
+        return SessionStatus(
+            key=key,
+            session_id=session.session_id,
+            created_at=session.created_at,
+            updated_at=session.last_activity_at,
+            message_count=session.message_count,
+            suspended=session.suspended,
+            resume_pending=session.resume_pending,
+            resume_reason=session.resume_reason,
+            resume_marked_at=session.resume_marked_at if session.resume_pending else None,
+            was_auto_reset=reason in AUTOMATIC_RESETS,
+            auto_reset_reason=reason,
+            previous_session_id=session.previous_session_id,
+            ended=session.ended,
+            end_reason=session.end_reason,
+        )
+
+    def context_prompt(
+        self,
+        context: SessionContext,
+        *,
+        connected_platforms: Any = (),
+        home_channels: Any = (),
+        redact: bool = True,
+    ) -> str:
+        """The session-context block for the agent's prompt (``prompt.py``); personal ids
+        are shown as this store's keyed hashes unless ``redact=False``."""
+        source = context.source
+        shared = is_shared_multi_user_session(
+            source,
+            group_sessions_per_user=self.group_sessions_per_user,
+            thread_sessions_per_user=self.thread_sessions_per_user,
+        )
+        hasher = None
+        if redact:
+            hasher = self.hasher or KeyedHasher(self.derived_secret(PROMPT_IDS_PURPOSE))
+        return build_session_context_prompt(
+            source,
+            connected_platforms=connected_platforms,
+            home_channels=[
+                h if isinstance(h, HomeChannel) else HomeChannel(**h) for h in home_channels
+            ],
+            shared=shared,
+            redact=hasher,
+        )
+
+    # -- importing an existing installation (importing.py) ------------------------------------
+
+    def key_of_imported(self, imported: ImportedKey) -> str:
+        """The key an imported one has here: upstream's raw key kept in a raw-keys store,
+        else the keyed hash of its current session's source (from here on)."""
+        if self.hasher is None:
+            return imported.key
+        return self.session_key(imported.current.source)
+
+    def import_keys(
+        self,
+        keys: Sequence[ImportedKey],
+        *,
+        dry_run: bool = False,
+        refused: list[tuple[ImportedKey, str]] | None = None,
+    ) -> list[tuple[ImportedKey, str]]:
+        """Save each key not yet in this store with its sessions, in one transaction per
+        batch (per key when a batch meets one imported meanwhile); returns what was
+        imported, with the key each got here. A key already here is skipped whole, so a
+        second run, or a run after a killed one, imports only what is missing.
+        ``dry_run``: everything is built and checked, nothing saved. ``refused``: where a
+        key the store would refuse (its content, say) is noted, instead of raising."""
+        pending: list[tuple[ImportedKey, str, list[Any]]] = []
+        for imported in keys:
+            key = self.key_of_imported(imported)
+            if self.recorder.select_events(route_uuid(key), limit=1):
+                continue  # imported before (its route's first event is stored)
+            try:
+                aggregates = key_aggregates(imported, key, self._inbound_ids)
+            except LedgerError as e:  # what a live store would refuse: nothing of the key
+                if refused is None:
+                    raise
+                refused.append((imported, str(e)))
+                continue
+            pending.append((imported, key, [e for a in aggregates for e in a.collect_events()]))
+        if dry_run:
+            return [(imported, key) for imported, key, _ in pending]
+        # Through the event store, not ``save``: the library would take every 20th event's
+        # snapshot at once, reloading each session; the live store takes them as it goes.
+        try:
+            self.sealed_events.append([e for _, _, events in pending for e in events])
+        except IntegrityError:
+            done = []
+            for imported, key, events in pending:
+                try:
+                    self.sealed_events.append(events)
+                except IntegrityError:
+                    continue  # imported meanwhile (another run): skipped whole
+                done.append((imported, key))
+            return done
+        return [(imported, key) for imported, key, _ in pending]
 
     # -- messages -------------------------------------------------------------------------------
 

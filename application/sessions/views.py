@@ -53,3 +53,33 @@ class AppendResult:
     session_id: str
     seq: int
     duplicate: bool
+
+
+@attrs.frozen
+class SessionStatus:
+    """A session as the store knows it now, and why: ``auto_reset_reason`` says why the
+    session before it ended (``idle``, ``daily``, ``suspended``, ``resume_pending_expired``,
+    ``session_reset``, ``session_switch``; None for a key's first session), ``resume_reason``
+    why its turn is pending a resume. Upstream's ``SessionEntry`` flags, from the events."""
+
+    key: str
+    session_id: str
+    created_at: datetime
+    updated_at: datetime
+    message_count: int
+    suspended: bool
+    resume_pending: bool
+    resume_reason: str | None
+    resume_marked_at: datetime | None
+    was_auto_reset: bool
+    auto_reset_reason: str | None
+    previous_session_id: str | None
+    ended: bool
+    end_reason: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = attrs.asdict(self)
+        for name in ("created_at", "updated_at", "resume_marked_at"):
+            value = data[name]
+            data[name] = None if value is None else value.isoformat()
+        return data

@@ -476,6 +476,25 @@ class DeliveryObligation(Aggregate):
                 obligation.marker = self.marker_after(obligation.marker)
             obligation.last_transition_at = self.timestamp
 
+    class Imported(Event):
+        """The obligation was brought from another installation's ledger (``source``):
+        what its row said (``source_state``, ``attempts``, ``last_error``) and when
+        (``created_at``/``updated_at``, epoch seconds, ``time_basis`` naming how they were
+        read). A fact, not a transition: the events after it carry the state the row told,
+        and ``possibly_sent`` whether a send may have reached the user before the import."""
+
+        source: str
+        source_state: str
+        attempts: int
+        last_error: str
+        created_at: float
+        updated_at: float
+        time_basis: str
+        possibly_sent: bool
+
+        def apply(self, obligation: DeliveryObligation) -> None:
+            obligation.last_transition_at = self.timestamp
+
     # -- creation ---------------------------------------------------------------------------
 
     def __init__(self) -> None:
@@ -588,6 +607,11 @@ class DeliveryObligation(Aggregate):
         return IllegalTransition(
             "DeliveryObligation", self.obligation_id, self.state.value, transition, why
         )
+
+    def check_freshly_recorded(self, transition: str) -> None:
+        """Only an obligation that has just been recorded (its first event) may take it."""
+        if self.version != 1:
+            raise self._refuse(transition, "only a freshly recorded obligation")
 
     def check_state(self, transition: str, *allowed: ObligationState) -> None:
         """The transition is one the current state allows."""
@@ -958,6 +982,45 @@ class DeliveryObligation(Aggregate):
         else:
             detail = cut_error(detail)  # a platform's or a sweep's words: kept, never refused
         self.trigger_event(self.Abandoned, reason=reason.value, detail=detail, by=by, timestamp=now)
+
+    def note_import(
+        self,
+        *,
+        source: str,
+        source_state: str,
+        attempts: int,
+        last_error: str,
+        created_at: float,
+        updated_at: float,
+        time_basis: str,
+        now: datetime,
+    ) -> None:
+        """Record what an imported row said, right after its ``Recorded`` event (nothing
+        else has happened to the obligation here yet). A row with a state other than
+        ``pending``, or with attempts, may have been sent: upstream's claims never change
+        the state (hermes-formats.md §4)."""
+        require_aware("now", now)
+        require_clear_text("source", source)
+        self.check_freshly_recorded("imported")
+        if not isinstance(last_error, str):
+            raise InvalidInput("last_error must be a str")
+        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 0:
+            raise InvalidInput("attempts must be a non-negative int")
+        for name, stamp in (("created_at", created_at), ("updated_at", updated_at)):
+            if not isinstance(stamp, int | float) or not math.isfinite(stamp):
+                raise InvalidInput(f"{name} must be a finite epoch time")
+        self.trigger_event(
+            self.Imported,
+            source=source,
+            source_state=require_clear_text("source_state", source_state),
+            attempts=attempts,
+            last_error=cut_error(last_error),
+            created_at=float(created_at),
+            updated_at=float(updated_at),
+            time_basis=require_clear_text("time_basis", time_basis),
+            possibly_sent=source_state != ObligationState.PENDING.value or attempts > 0,
+            timestamp=now,
+        )
 
     def quarantine(
         self,

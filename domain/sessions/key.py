@@ -17,6 +17,11 @@ from collections.abc import Callable
 
 from gateway_ledger.domain.errors import InvalidInput
 from gateway_ledger.domain.sessions.source import SessionSource
+from gateway_ledger.domain.sessions.whatsapp import (
+    WHATSAPP_PLATFORM,
+    AliasLookup,
+    canonical_whatsapp_identifier,
+)
 
 Hasher = Callable[[str], str]
 
@@ -72,6 +77,21 @@ def session_key_namespace(profile: str | None) -> str:
     return f"agent:{escape_component(profile)}"
 
 
+def is_shared_multi_user_session(
+    source: SessionSource,
+    *,
+    group_sessions_per_user: bool = True,
+    thread_sessions_per_user: bool = False,
+) -> bool:
+    """Do several people share this session (upstream's rule)? A DM never; in a thread
+    unless threads are per user; otherwise unless groups are per user."""
+    if source.chat_type == "dm":
+        return False
+    if source.thread_id:
+        return not thread_sessions_per_user
+    return not group_sessions_per_user
+
+
 def build_session_key(
     source: SessionSource,
     *,
@@ -79,6 +99,7 @@ def build_session_key(
     thread_sessions_per_user: bool = False,
     profile: str | None = None,
     hasher: Hasher | None = None,
+    whatsapp_aliases: AliasLookup | None = None,
 ) -> str:
     """The deterministic key of the conversation ``source`` belongs to (upstream rules).
 
@@ -87,6 +108,11 @@ def build_session_key(
     ``<ns>:<platform>:<chat_type>[:<chat_id>][:<thread_id>][:<user>]``; the user is added when
     ``group_sessions_per_user`` and not in a thread (threads are shared unless
     ``thread_sessions_per_user``). ``profile`` defaults to ``source.profile``.
+
+    On WhatsApp the DM chat id and the participant id are canonical
+    (``canonical_whatsapp_identifier`` over ``whatsapp_aliases``), so every form of one
+    person gives one key; a group chat id (``...@g.us``) is kept as it is. Any non-empty chat
+    type other than ``dm`` (``forum``, ``webhook``, ...) is keyed like a group.
 
     Raises InvalidInput if the key could traverse (``is_session_key_unsafe``).
     """
@@ -102,12 +128,24 @@ def build_session_key(
     def user(value: str) -> str:
         return escape_component(f"user_{hasher(value)}" if hasher else value)
 
+    whatsapp = source.platform == WHATSAPP_PLATFORM
+
+    def person(value: str | None) -> str | None:
+        if not value or not whatsapp:
+            return value
+        return canonical_whatsapp_identifier(value, whatsapp_aliases) or value
+
     ns = session_key_namespace(profile if profile is not None else source.profile)
-    parts = [ns, escape_component(source.platform), source.chat_type]
-    participant = source.user_id_alt or source.user_id
+    parts = [ns, escape_component(source.platform), escape_component(source.chat_type)]
+    participant = person(source.user_id_alt or source.user_id)
     if source.chat_type == "dm":
-        if source.chat_id:
-            parts.append(chat(source.chat_id))
+        dm_chat = (
+            canonical_whatsapp_identifier(source.chat_id, whatsapp_aliases)
+            if whatsapp
+            else source.chat_id
+        )
+        if dm_chat:
+            parts.append(chat(dm_chat))
         elif participant:
             parts.append(user(participant))
         if source.thread_id:
@@ -117,9 +155,11 @@ def build_session_key(
             parts.append(chat(source.chat_id))
         if source.thread_id:
             parts.append(thread(source.thread_id))
-        isolate_user = group_sessions_per_user
-        if source.thread_id and not thread_sessions_per_user:
-            isolate_user = False
+        isolate_user = not is_shared_multi_user_session(
+            source,
+            group_sessions_per_user=group_sessions_per_user,
+            thread_sessions_per_user=thread_sessions_per_user,
+        )
         if isolate_user and participant:
             parts.append(user(participant))
     key = ":".join(parts)

@@ -134,18 +134,30 @@ def decide(
     policy: ResetPolicy,
     zone: tzinfo,
     auto_continue_seconds: float,
+    resume_marked_at: datetime | None = None,
 ) -> RouteDecision:
-    """Upstream's order: pinned keeps everything; then suspended; then a pending resume
-    (fresh: keep and continue; older than the window: ``resume_pending_expired``; a window
-    <= 0 disables the freshness gate); then idle/daily."""
+    """Upstream's order (``get_or_create_session``): a pinned session keeps everything; then
+    a suspended one resets (``suspended``); then the idle/daily policy applies, even to a
+    pending resume (``idle``/``daily``); only then the freshness window of a pending resume,
+    counted from ``resume_marked_at`` (the last activity when unknown), so new traffic
+    cannot keep a stuck resume alive: older than the window it resets
+    (``resume_pending_expired``). A window <= 0, or reset mode ``none`` (the user opted out
+    of every automatic reset), turns the window off: the interrupted turn is resumed."""
     if pinned:
         return RouteDecision(None, resume_pending)
     if suspended:
         return RouteDecision(ResetReason.SUSPENDED, False)
-    if resume_pending:
-        if auto_continue_seconds > 0 and (now - last_activity).total_seconds() > (
-            auto_continue_seconds
-        ):
-            return RouteDecision(ResetReason.RESUME_PENDING_EXPIRED, False)
-        return RouteDecision(None, True)
-    return RouteDecision(reset_due(policy, last_activity, now, zone), False)
+    due = reset_due(policy, last_activity, now, zone)
+    if due is not None:
+        return RouteDecision(due, False)
+    if not resume_pending:
+        return RouteDecision(None, False)
+    marked = (
+        last_activity
+        if resume_marked_at is None
+        else require_aware("resume_marked_at", resume_marked_at)
+    )
+    window_on = policy.mode is not ResetMode.NONE and auto_continue_seconds > 0
+    if window_on and (now - marked).total_seconds() > auto_continue_seconds:
+        return RouteDecision(ResetReason.RESUME_PENDING_EXPIRED, False)
+    return RouteDecision(None, True)

@@ -117,6 +117,12 @@ class Session(Aggregate):
         reason: str
         successor_session_id: str
 
+    class Reopened(Aggregate.Event):
+        """An ended session became its key's current one again (``reason``: a switch back
+        to it); it takes messages again."""
+
+        reason: str
+
     @staticmethod
     def create_id(session_id: str) -> UUID:
         return session_uuid(session_id)
@@ -215,6 +221,14 @@ class Session(Aggregate):
         self.check_open(f"reset ({reason.value})")
         self._reset(reason=reason.value, successor_session_id=successor_session_id, timestamp=now)
 
+    def reopen(self, *, reason: ResetReason, now: datetime) -> None:
+        """Make an ended session current again (a switch back to it); an open session
+        records nothing."""
+        require_aware("now", now)
+        reason = require_choice("reopen reason", reason, ResetReason)
+        if self.ended:
+            self._reopened(reason=reason.value, timestamp=now)
+
     # -- events (bodies only mutate) ------------------------------------------------------------
 
     @event(Started)
@@ -276,6 +290,13 @@ class Session(Aggregate):
         self.end_reason = reason
         self.successor_session_id = successor_session_id
         self.resume_pending = False
+
+    @event(Reopened)
+    def _reopened(self, reason: str, timestamp: datetime) -> None:
+        self.ended = False
+        self.suspended = False
+        self.end_reason = None
+        self.successor_session_id = None
 
 
 MessageAppended = Session.MessageAppended

@@ -17,6 +17,8 @@ from gateway_ledger.domain.errors import InvalidInput
 from gateway_ledger.domain.values import require_clear_text, require_text
 
 CHAT_TYPES = ("dm", "group", "channel", "thread")
+"""The chat types upstream names; adapters also send others (Telegram ``forum`` for a
+supergroup topic, ``webhook``), which are accepted and keyed like a group."""
 LOCAL_PLATFORM = "local"
 
 _OPTIONAL_TEXT = (
@@ -86,9 +88,11 @@ class SessionSource:
         require_clear_text("platform", self.platform)
         if self.platform != self.platform.strip():
             raise InvalidInput("platform must not have surrounding whitespace")
-        if self.chat_type not in CHAT_TYPES:
+        require_clear_text("chat_type", self.chat_type)
+        if not self.chat_type or self.chat_type != self.chat_type.strip():
             raise InvalidInput(
-                f"unknown chat_type {self.chat_type!r}; expected one of {', '.join(CHAT_TYPES)}"
+                f"chat_type {self.chat_type!r} must be non-empty, without surrounding "
+                f"whitespace (upstream's are {', '.join(CHAT_TYPES)}; others key like a group)"
             )
         require_text("chat_id", self.chat_id, allow_empty=True)
         for name in _OPTIONAL_TEXT:

@@ -56,6 +56,11 @@ def _facts(kind: str, f: dict[str, Any]) -> str:
         facts.append(f"reason={f.get('reason')} found_at=v{f.get('found_at')}")
     if kind == "RetryRequested":
         facts.append(f"by operator {f.get('requested_by') or '?'}")
+    if kind == "Imported":
+        facts.append(
+            f"from {f.get('source')}: state={f.get('source_state')} "
+            f"attempts={f.get('attempts')} possibly_sent={f.get('possibly_sent')}"
+        )
     if kind == "Recorded":
         facts.append(f"platform={f['target'].platform}")
     if kind == "Reconciled":
