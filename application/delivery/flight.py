@@ -32,6 +32,7 @@ from gateway_ledger.application.delivery.ports import (
 )
 from gateway_ledger.application.delivery.recovery import load_for_sending
 from gateway_ledger.application.delivery.scheduling import Scheduler
+from gateway_ledger.application.observability import causes, tracing
 from gateway_ledger.domain.delivery.marker import send_guard
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation, compute_obligation_id
 from gateway_ledger.domain.errors import (
@@ -251,7 +252,8 @@ class Courier:
         )
         fault = False
         try:
-            await self._durable(waiter)
+            with tracing.span("record", obligation_id=oid, platform=context.platform):
+                await self._durable(waiter)
         except ConcurrentUpdate:
             if await self._already_recorded(agg):
                 return DeliveryOutcome(status="already_recorded", obligation_id=oid)
@@ -342,7 +344,8 @@ class Courier:
         )
         flight.last_write = future
         try:
-            await self._durable(waiter)
+            with tracing.span("settle", obligation=flight.agg, stage=stage):
+                await self._durable(waiter)
         except ConcurrentUpdate:
             # Another writer (an operator, a sweep) changed it: its history now decides.
             log.info("obligation %s: %s lost to a concurrent writer", flight.oid, stage)
@@ -372,6 +375,7 @@ class Courier:
         events = flight.agg.collect_events()
         if not flight.tracked:
             return
+        tracing.mark("settle", obligation=flight.agg, stage=stage)
         flight.last_write = self.writer.submit_behind(
             events,
             label=flight.oid,
@@ -556,22 +560,24 @@ class Courier:
         agg: DeliveryObligation,
         key: str | None,
     ) -> SendResult:
-        try:
-            result = await adapter.send(
-                target,
-                text,
-                reply_to=target.reply_to,
-                media=(part.media,) if part.media is not None else (),
-                metadata=agg.metadata,
-                idempotency_key=key,
-            )
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:
-            # Raised after the request may have left (timeout, reset): it may have arrived.
-            return SendResult.failed(ErrorClass.AMBIGUOUS, type(e).__name__)
-        if not isinstance(result, SendResult):
-            return SendResult.failed(ErrorClass.AMBIGUOUS, "adapter returned no SendResult")
+        with tracing.span("send", obligation=agg, part=part.index) as opened:
+            try:
+                result = await adapter.send(
+                    target,
+                    text,
+                    reply_to=target.reply_to,
+                    media=(part.media,) if part.media is not None else (),
+                    metadata=agg.metadata,
+                    idempotency_key=key,
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                # Raised after the request may have left (timeout, reset): it may have arrived.
+                result = SendResult.failed(ErrorClass.AMBIGUOUS, type(e).__name__)
+            if not isinstance(result, SendResult):
+                result = SendResult.failed(ErrorClass.AMBIGUOUS, "adapter returned no SendResult")
+            tracing.annotate(opened, error_class=result.error_class)
         return result
 
     async def _settle_failure(self, flight: Flight, result: SendResult) -> DeliveryOutcome:
@@ -617,6 +623,9 @@ class Courier:
             else self._retry_delay(flight, error_class, retry_after)
         )
         if delay is not None:
+            self.ledger.measures.waited(
+                "rate_limit" if error_class is ErrorClass.RATE_LIMITED else "backoff", delay
+            )
             self.counters.retries_scheduled += 1
             self.scheduler.schedule(
                 delay, lambda: self._retry(flight), label=f"retry {agg.obligation_id}"
@@ -695,7 +704,13 @@ class Courier:
         log.info("obligation %s recovered marker=%s", oid, agg.arrived_before_this_send)
         guard = _guard_for(adapter, agg.arrived_before_this_send)  # as Claimed decided
         flight = Flight(agg=agg, adapter=adapter, guard=guard, lease_epoch=lease_epoch)
-        return await self._send(flight)
+        with (
+            tracing.span("recover", obligation=agg) as opened,
+            causes.caused_by(f"recovery:{oid}"),
+        ):
+            outcome = await self._send(flight)
+            tracing.annotate(opened, status=outcome.status)
+        return outcome
 
     # -- unrecorded sends ---------------------------------------------------------------------
 

@@ -15,7 +15,9 @@ from typing import Any
 import attrs
 
 from gateway_ledger.application.delivery.ledger_ports import LedgerPort
+from gateway_ledger.application.delivery.measures import LATENCY_BUCKETS, Buckets
 from gateway_ledger.application.delivery.views import HistoryEntry, ObligationStatus
+from gateway_ledger.application.observability import causes, tracing
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation
 from gateway_ledger.domain.errors import InvalidInput, NotFound
 from gateway_ledger.domain.values import (
@@ -42,6 +44,7 @@ log = logging.getLogger("gateway_ledger.operations")
 
 STATES: tuple[str, ...] = (*(s.value for s in ObligationState), QUARANTINED)
 """The index's states: the aggregate's, and ``quarantined`` (ADR 0027)."""
+NO_DELIVERIES = Buckets.of_sorted(LATENCY_BUCKETS, ())
 MAX_QUARANTINED_IDS = 1000
 """``stats().quarantined_ids`` lists at most this many (oldest first); the count is exact."""
 
@@ -79,6 +82,8 @@ class LedgerStats:
     quarantined_ids: tuple[str, ...]
     log_position: int
     projections: tuple[ProjectionStatus, ...]
+    delivery_histogram: Buckets = NO_DELIVERIES
+    """Record to delivery as a histogram (``LATENCY_BUCKETS``), from the same read."""
 
     def to_dict(self) -> dict[str, Any]:
         data = attrs.asdict(self, recurse=True)
@@ -142,6 +147,7 @@ def compute_stats(ledger: LedgerPort, now: datetime | None = None) -> LedgerStat
         quarantined_ids=quarantined_ids,
         log_position=ledger.recorder.max_notification_id() or 0,
         projections=tuple(projection_status(ledger, name) for name in PROJECTION_NAMES),
+        delivery_histogram=Buckets.of_sorted(LATENCY_BUCKETS, durations),
     )
 
 
@@ -222,11 +228,17 @@ def timeline(ledger: LedgerPort, obligation_id: str, at: datetime | None = None)
 def request_retry(ledger: LedgerPort, obligation_id: str, by_operator: str) -> ObligationStatus:
     """Append ``RetryRequested``; refused (IllegalTransition) on a final obligation."""
     require_clear_text("by_operator", by_operator, allow_empty=True)
-    obligation = ledger.change(
-        obligation_id,
-        "retry requested",
-        lambda o: o.request_retry(by=ledger.owner, now=ledger.clock(), requested_by=by_operator),
-    )
+    with (
+        tracing.span("operator_retry", obligation_id=obligation_id, command="retry"),
+        causes.caused_by(f"operator:retry:{by_operator or '-'}", correlation_id=causes.new_id()),
+    ):
+        obligation = ledger.change(
+            obligation_id,
+            "retry requested",
+            lambda o: o.request_retry(
+                by=ledger.owner, now=ledger.clock(), requested_by=by_operator
+            ),
+        )
     log.info(
         "obligation %s retry requested (fence %d, marker %s)",
         obligation_id,

@@ -44,6 +44,7 @@ from eventsourcing.persistence import (
 )
 from eventsourcing.utils import get_topic
 
+from gateway_ledger.application.observability.causes import stamp
 from gateway_ledger.application.privacy.policy import PrivacyPolicy
 from gateway_ledger.infrastructure.eventstore.keyed_recorder import KeyedSQLiteApplicationRecorder
 from gateway_ledger.infrastructure.eventstore.store import store_path
@@ -111,6 +112,7 @@ class SealedEventStore(EventStore[UUID]):
         and ``SessionErased`` when a key they were sealed with was destroyed meanwhile."""
         if not domain_events:
             return [], None
+        stamp(domain_events)  # what caused them, unless stamped where they were handed over
         if not self.stores_keys:
             stored = [self.mapper.to_stored_event(e) for e in domain_events]
             return stored, self.recorder.insert_events(stored, **kwargs)
