@@ -20,6 +20,12 @@ import psycopg
 from eventsourcing.persistence import PersistenceError
 
 from gateway_ledger.domain.errors import LedgerError
+from gateway_ledger.infrastructure.observability.logs import (
+    FORMAT_ENV,
+    FORMATS,
+    ContextIds,
+    StructuredFormatter,
+)
 
 COMMAND_MODULES: tuple[str, ...] = (
     "demo",
@@ -124,10 +130,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(arguments)
     if args.global_db is not None and hasattr(args, "db"):
         args.db = args.global_db  # `gateway-ledger --db X status` means the same as `status --db X`
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    style = os.environ.get(FORMAT_ENV, "text").strip().lower() or "text"
+    if style not in FORMATS:
+        print(
+            f"gateway-ledger: {FORMAT_ENV}={style!r}: one of {', '.join(FORMATS)}", file=sys.stderr
+        )
+        return 2
+    if style == "text":
+        logging.basicConfig(
+            level=logging.INFO if args.verbose else logging.WARNING,
+            format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        )
+    else:
+        handler = logging.StreamHandler()
+        handler.addFilter(ContextIds())
+        handler.setFormatter(StructuredFormatter(style))
+        logging.basicConfig(
+            level=logging.INFO if args.verbose else logging.WARNING, handlers=[handler]
+        )
     try:
         return int(args.handler(args) or 0)
     except BrokenPipeError:

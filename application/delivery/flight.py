@@ -791,6 +791,11 @@ class Courier:
 
     def fault(self, oid: str, stage: str, error: BaseException) -> None:
         self.counters.ledger_faults += 1
+        error_class = type(error).__name__
         log.warning(
-            "ledger fault obligation=%s stage=%s error=%s", oid, stage, type(error).__name__
+            "ledger fault obligation=%s stage=%s error=%s",
+            oid,
+            stage,
+            error_class,
+            extra={"obligation_id": oid, "stage": stage, "error_class": error_class},
         )

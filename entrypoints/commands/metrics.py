@@ -33,7 +33,7 @@ def register(subparsers: Subcommands) -> None:
 
 def address(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
         raise usage_error(f"--serve: {text!r} is not [HOST]:PORT (e.g. :9464)")
     return host.strip("[]") or "0.0.0.0", int(port)
 
