@@ -449,7 +449,9 @@ class Courier:
             key = None
             if idempotent:
                 key = agg.obligation_id if single else f"{agg.obligation_id}:{part.index}"
-            result = await self._platform_send(adapter, target, text, part, agg, key)
+            with tracing.span("send", obligation=agg, part=part.index) as opened:
+                result = await self._platform_send(adapter, target, text, part, agg, key)
+                tracing.annotate(opened, error_class=result.error_class)
             if not result.success:
                 return await self._settle_failure(flight, result)
             receipt.extend(result.message_ids)
@@ -560,24 +562,22 @@ class Courier:
         agg: DeliveryObligation,
         key: str | None,
     ) -> SendResult:
-        with tracing.span("send", obligation=agg, part=part.index) as opened:
-            try:
-                result = await adapter.send(
-                    target,
-                    text,
-                    reply_to=target.reply_to,
-                    media=(part.media,) if part.media is not None else (),
-                    metadata=agg.metadata,
-                    idempotency_key=key,
-                )
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                # Raised after the request may have left (timeout, reset): it may have arrived.
-                result = SendResult.failed(ErrorClass.AMBIGUOUS, type(e).__name__)
-            if not isinstance(result, SendResult):
-                result = SendResult.failed(ErrorClass.AMBIGUOUS, "adapter returned no SendResult")
-            tracing.annotate(opened, error_class=result.error_class)
+        try:
+            result = await adapter.send(
+                target,
+                text,
+                reply_to=target.reply_to,
+                media=(part.media,) if part.media is not None else (),
+                metadata=agg.metadata,
+                idempotency_key=key,
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            # Raised after the request may have left (timeout, reset): it may have arrived.
+            return SendResult.failed(ErrorClass.AMBIGUOUS, type(e).__name__)
+        if not isinstance(result, SendResult):
+            return SendResult.failed(ErrorClass.AMBIGUOUS, "adapter returned no SendResult")
         return result
 
     async def _settle_failure(self, flight: Flight, result: SendResult) -> DeliveryOutcome:

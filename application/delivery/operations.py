@@ -83,11 +83,13 @@ class LedgerStats:
     log_position: int
     projections: tuple[ProjectionStatus, ...]
     delivery_histogram: Buckets = NO_DELIVERIES
-    """Record to delivery as a histogram (``LATENCY_BUCKETS``), from the same read."""
+    """Record to delivery as a histogram (``LATENCY_BUCKETS``), from the same read, for
+    ``LedgerCollector`` (not in ``to_dict``: ``status --json`` is unchanged)."""
 
     def to_dict(self) -> dict[str, Any]:
         data = attrs.asdict(self, recurse=True)
         data["generated_at"] = self.generated_at.isoformat()
+        del data["delivery_histogram"]  # the metrics' (its buckets are not status figures)
         return data
 
 

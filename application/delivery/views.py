@@ -120,10 +120,12 @@ class HistoryEntry:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "version": self.version,
             "type": self.type,
             "timestamp": self.timestamp.isoformat(),
             "fields": plain(self.fields),
-            "meta": dict(self.meta),
         }
+        if self.meta:  # an event written before events recorded causes has none
+            data["meta"] = dict(self.meta)
+        return data

@@ -51,19 +51,25 @@ def new_id() -> str:
     return uuid.uuid4().hex
 
 
-@contextlib.contextmanager
-def caused_by(causation_id: str, correlation_id: str | None = None) -> Iterator[Cause]:
+class caused_by:
     """Within: events written are caused by ``causation_id``, in the turn ``correlation_id``
-    (default: the turn already open, else a new one)."""
-    if correlation_id is None:
-        outer = _CAUSE.get()
-        correlation_id = outer.correlation_id if outer is not None else new_id()
-    cause = Cause(str(correlation_id), str(causation_id))
-    token = _CAUSE.set(cause)
-    try:
-        yield cause
-    finally:
-        _CAUSE.reset(token)
+    (default: the turn already open, else a new one). A class, not a generator: it is
+    on the path of every reply."""
+
+    __slots__ = ("cause", "token")
+
+    def __init__(self, causation_id: str, correlation_id: str | None = None) -> None:
+        if correlation_id is None:
+            outer = _CAUSE.get()
+            correlation_id = outer.correlation_id if outer is not None else new_id()
+        self.cause = Cause(str(correlation_id), str(causation_id))
+
+    def __enter__(self) -> Cause:
+        self.token = _CAUSE.set(self.cause)
+        return self.cause
+
+    def __exit__(self, *exc: object) -> None:
+        _CAUSE.reset(self.token)
 
 
 @contextlib.contextmanager

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import enum
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 try:  # the optional extra
@@ -84,8 +85,11 @@ def _attributes(attributes: dict[str, Any], obligation: Any = None) -> dict[str,
     }
 
 
-@contextlib.contextmanager
-def span(name: str, obligation: Any = None, **attributes: Any) -> Iterator[Any]:
+_NO_SPAN: contextlib.nullcontext[None] = contextlib.nullcontext(None)
+"""What ``span`` returns while no tracer provider is set: nothing opened, nothing made."""
+
+
+def span(name: str, obligation: Any = None, **attributes: Any) -> AbstractContextManager[Any]:
     """Open the span ``gateway_ledger.<name>`` as the current one, a child of the
     caller's; yields it (None when no tracer provider is set). ``obligation``: an
     aggregate whose facts (``span_facts``) it carries, read only when a span is opened.
@@ -93,11 +97,15 @@ def span(name: str, obligation: Any = None, **attributes: Any) -> Iterator[Any]:
     may quote content)."""
     tracer = _tracer()
     if tracer is None:
-        yield None
-        return
+        return _NO_SPAN
+    return _opened(tracer, name, _attributes(attributes, obligation))
+
+
+@contextlib.contextmanager
+def _opened(tracer: Any, name: str, attributes: dict[str, Any]) -> Iterator[Any]:
     with tracer.start_as_current_span(
         PREFIX + name,
-        attributes=_attributes(attributes, obligation),
+        attributes=attributes,
         record_exception=False,
         set_status_on_exception=False,
     ) as opened:

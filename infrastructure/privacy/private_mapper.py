@@ -562,6 +562,7 @@ class PrivateMapper(Mapper[UUID]):
         event_state: dict[str, Any],
         envelope: dict[str, str] | None,
     ) -> Any:
+        meta = event_state.pop(META, None)  # the write's metadata: not a field (ADR 0058)
         if envelope is not None:
             target = event_state["state"] if issubclass(cls, Snapshot) else event_state
             self._open(envelope, target, stored_event, cls)
@@ -573,7 +574,6 @@ class PrivateMapper(Mapper[UUID]):
         while from_version < class_version:
             getattr(cls, f"upcast_v{from_version}_v{from_version + 1}")(event_state)
             from_version += 1
-        meta = event_state.pop(META, None)  # the write's metadata: not a field (ADR 0058)
         allowed = _fields_of(cls)
         if allowed and not event_state.keys() <= allowed:
             unknown = sorted(event_state.keys() - allowed)
