@@ -9,7 +9,7 @@ histograms are: observing is a lock and an addition, reading copies a few number
 from __future__ import annotations
 
 import threading
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from collections.abc import Sequence
 
 import attrs
@@ -33,13 +33,6 @@ class Buckets:
     @property
     def count(self) -> int:
         return self.cumulative[-1] if self.cumulative else 0
-
-    @classmethod
-    def of_sorted(cls, bounds: Sequence[float], ordered: Sequence[float]) -> Buckets:
-        """The histogram of values already in ascending order (one bisection a bound)."""
-        cumulative = [bisect_right(ordered, b) for b in bounds]
-        cumulative.append(len(ordered))
-        return cls(tuple(bounds), tuple(cumulative), round(sum(ordered), 6))
 
 
 class Histogram:

@@ -8,7 +8,6 @@ their cost follows the number of obligations, never the number of events. Only
 from __future__ import annotations
 
 import logging
-import math
 from datetime import datetime
 from typing import Any
 
@@ -44,7 +43,7 @@ log = logging.getLogger("gateway_ledger.operations")
 
 STATES: tuple[str, ...] = (*(s.value for s in ObligationState), QUARANTINED)
 """The index's states: the aggregate's, and ``quarantined`` (ADR 0027)."""
-NO_DELIVERIES = Buckets.of_sorted(LATENCY_BUCKETS, ())
+NO_DELIVERIES = Buckets(LATENCY_BUCKETS, (0,) * (len(LATENCY_BUCKETS) + 1), 0.0)
 MAX_QUARANTINED_IDS = 1000
 """``stats().quarantined_ids`` lists at most this many (oldest first); the count is exact."""
 
@@ -93,19 +92,11 @@ class LedgerStats:
         return data
 
 
-def _percentile(ordered: list[float], fraction: float) -> float | None:
-    """Nearest-rank percentile of an ascending list."""
-    if not ordered:
-        return None
-    rank = max(1, math.ceil(fraction * len(ordered)))
-    return ordered[rank - 1]
-
-
 def compute_stats(ledger: LedgerPort, now: datetime | None = None) -> LedgerStats:
     moment = require_aware("now", now if now is not None else ledger.clock())
     index = ledger.obligation_index
     index.catch_up()
-    tally = index.tally(max_quarantined_ids=MAX_QUARANTINED_IDS)
+    tally = index.tally(max_quarantined_ids=MAX_QUARANTINED_IDS, latency_bounds=LATENCY_BUCKETS)
     by_state = dict.fromkeys(STATES, 0)
     by_platform: dict[str, dict[str, int]] = {}
     claims = claimed = retries = 0
@@ -119,17 +110,17 @@ def compute_stats(ledger: LedgerPort, now: datetime | None = None) -> LedgerStat
     reasons = {r.value: 0 for r in AbandonReason}
     reasons.update(tally.abandoned_by_reason)
     oldest = tally.oldest_unresolved
-    durations = list(tally.delivery_seconds)
     quarantined_ids = tally.quarantined_ids
     age = None
     if oldest is not None:
         age = round(max(0, to_micros(moment) - to_micros(oldest[1])) / 1e6, 3)
+    delivery = tally.delivery
     times = DeliveryTimes(
-        count=len(durations),
-        p50=_percentile(durations, 0.50),
-        p95=_percentile(durations, 0.95),
-        max=durations[-1] if durations else None,
-        total=round(sum(durations), 6),
+        count=delivery.count,
+        p50=delivery.p50,
+        p95=delivery.p95,
+        max=delivery.max,
+        total=delivery.total,
     )
     unresolved = sum(by_state[s] for s in UNRESOLVED)
     return LedgerStats(
@@ -149,7 +140,7 @@ def compute_stats(ledger: LedgerPort, now: datetime | None = None) -> LedgerStat
         quarantined_ids=quarantined_ids,
         log_position=ledger.recorder.max_notification_id() or 0,
         projections=tuple(projection_status(ledger, name) for name in PROJECTION_NAMES),
-        delivery_histogram=Buckets.of_sorted(LATENCY_BUCKETS, durations),
+        delivery_histogram=Buckets(LATENCY_BUCKETS, delivery.cumulative, delivery.total),
     )
 
 
