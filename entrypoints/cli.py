@@ -8,6 +8,7 @@ Exit codes: 0 ok, 1 a check found problems, 2 usage or store error (one line on 
 from __future__ import annotations
 
 import argparse
+import getpass
 import importlib
 import logging
 import os
@@ -19,6 +20,7 @@ from typing import NoReturn
 import psycopg
 from eventsourcing.persistence import PersistenceError
 
+from gateway_ledger.application.observability import causes
 from gateway_ledger.domain.errors import LedgerError
 from gateway_ledger.infrastructure.observability.logs import (
     FORMAT_ENV,
@@ -80,6 +82,14 @@ def failure_line(error: BaseException) -> str:
         text = f"{kind}{type(error).__name__}: {error}"
     first = (text.strip().splitlines() or [type(error).__name__])[0]
     return f"gateway-ledger: {first}"
+
+
+def operator() -> str:
+    """Who runs this command: the OS user's name (``-`` when it cannot be told)."""
+    try:
+        return getpass.getuser()
+    except Exception:  # no name for this uid (a container), no environment
+        return "-"
 
 
 def invalid_argument(argv: Sequence[str]) -> str | None:
@@ -149,7 +159,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             level=logging.INFO if args.verbose else logging.WARNING, handlers=[handler]
         )
     try:
-        return int(args.handler(args) or 0)
+        # Whatever the command writes was caused by it, run by this OS user (ADR 0058).
+        with causes.caused_by(f"operator:{args.command}:{operator()}", causes.new_id()):
+            return int(args.handler(args) or 0)
     except BrokenPipeError:
         return 0
     except EXPECTED_FAILURES as e:

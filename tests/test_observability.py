@@ -260,9 +260,11 @@ def test_history_correlation_shows_one_turn_across_sessions_and_the_ledger(
             assert out.status == "failed" and other.obligation_id != out.obligation_id
             gw.ledger.retry(out.obligation_id, by_operator="alice")
         sessions.close()
-        return turn.correlation_id
+        return turn.correlation_id, out.obligation_id
 
-    correlation = asyncio.run(main())
+    correlation, oid = asyncio.run(main())
+    abandon = [SCRIPT, "abandon", oid, "--reason", "asked to stop", "--db", sqlite_location]
+    subprocess.run(abandon, capture_output=True, text=True, check=True)
     done = subprocess.run(
         [SCRIPT, "history", "--correlation", correlation, "--db", sqlite_location, "--json"],
         capture_output=True,
@@ -273,11 +275,18 @@ def test_history_correlation_shows_one_turn_across_sessions_and_the_ledger(
     stores = [e["store"] for e in events]
     assert "sessions" in stores and "ledger" in stores
     ledger = [e for e in events if e["store"] == "ledger"]
-    assert [e["type"] for e in ledger] == ["Recorded", "Attempting", "Failed", "RetryRequested"]
+    assert [e["type"] for e in ledger] == [
+        "Recorded",
+        "Attempting",
+        "Failed",
+        "RetryRequested",
+        "Abandoned",
+    ]
     assert len({e["name"] for e in ledger}) == 1  # the other turn's reply is not there
-    retry = ledger[-1]
+    retry, abandoned = ledger[-2:]
     assert retry["meta"]["causation_id"] == "operator:retry:alice" and not retry["direct"]
-    assert all(e["direct"] for e in events if e["type"] != "RetryRequested")
+    assert abandoned["meta"]["causation_id"].startswith("operator:abandon:")
+    assert all(e["direct"] for e in events if e not in (retry, abandoned))
     shown = subprocess.run(
         [SCRIPT, "history", "--correlation", correlation, "--db", sqlite_location],
         capture_output=True,
