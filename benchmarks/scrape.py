@@ -21,40 +21,21 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from audit import BATCH, _history
+from audit import _history, copy_histories
 
 from gateway_ledger import LedgerCollector
 from gateway_ledger.bootstrap import DeliveryLedger
 
-TEMPLATE = b"TEMPLATE-ID-000000000000"
-
 
 def build(db: Path, events: int) -> DeliveryLedger:
-    """Obligation histories copied under fresh ids, written as stored events in batches."""
-    import uuid
-
-    from eventsourcing.persistence import StoredEvent
-
+    """Obligation histories copied under fresh ids (as ``audit.py`` copies them)."""
     ledger = DeliveryLedger.open(db, encrypt=False)
     cycle = ["clean", "clean", "retried", "claimed"]
     templates = {
         kind: [ledger.mapper.to_stored_event(e) for e in _history(kind).collect_events()]
         for kind in set(cycle)
     }
-    written = n = 0
-    batch: list[StoredEvent] = []
-    while written < events:
-        oid, name = uuid.uuid4(), f"{n:024x}".encode()
-        for s in templates[cycle[n % len(cycle)]]:
-            state = s.state.replace(TEMPLATE, name)
-            batch.append(StoredEvent(oid, s.originator_version, s.topic, state))
-        written += len(templates[cycle[n % len(cycle)]])
-        n += 1
-        if len(batch) >= BATCH:
-            ledger.recorder.insert_events(batch)
-            batch = []
-    if batch:
-        ledger.recorder.insert_events(batch)
+    copy_histories(ledger, templates, lambda n: cycle[n % len(cycle)], events)
     return ledger
 
 
