@@ -343,3 +343,42 @@ def test_logs_are_structured_with_the_turns_ids_and_never_a_body(sqlite_location
     assert faults[0]["correlation_id"] == "turn-42" and faults[0]["stage"] == "record"
     text = stream.getvalue()
     assert TEXT not in text and "forty-two" not in text and CHAT not in text
+
+
+def test_without_opentelemetry_installed_deliveries_work_and_open_no_span(
+    sqlite_location: str,
+) -> None:
+    """The extra is optional: with no ``opentelemetry`` package at all (hidden here in a
+    child process), a reply is delivered, and its events still record their causes."""
+    child = f"""
+import asyncio, sys
+sys.modules["opentelemetry"] = None  # as if the extra were not installed
+from gateway_ledger.application.observability import tracing
+from gateway_ledger.application.delivery.ports import Reply, ReplyContext
+from gateway_ledger.bootstrap import Gateway
+from tests.gateway_fakes import ScriptedAdapter
+assert tracing._otel is None
+with tracing.span("deliver") as opened:
+    assert opened is None and tracing.trace_id() is None
+
+async def main():
+    async with Gateway.open({sqlite_location!r}) as gw:
+        await gw.start([ScriptedAdapter()])
+        ctx = ReplyContext(session_key="k", platform="telegram", chat_id="1")
+        out = await gw.deliver(ctx, Reply("hi"), "in-1")
+        await gw.flush()
+        history = gw.ledger.history(out.obligation_id)
+        assert [h.type for h in history] == ["Recorded", "Attempting", "Delivered"]
+        assert all(h.meta["causation_id"].startswith("inbound:") for h in history)
+        assert not any("trace_id" in h.meta for h in history)
+
+asyncio.run(main())
+print("ok")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", child],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
