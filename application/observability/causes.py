@@ -120,7 +120,7 @@ def inbound(ledger: Any, session_key: str, inbound_message_id: str | None) -> st
     if not inbound_message_id:
         return "inbound:-"
     try:
-        digest = ledger.private_mapper.keyring.subject_id(f"{session_key}\0{inbound_message_id}")
+        digest = ledger.private_mapper.keyring.keyed_name(f"{session_key}\0{inbound_message_id}")
     except Exception:  # no key, store down: the reply goes out all the same
         return "inbound:-"
     return f"inbound:{digest[:24]}"
