@@ -74,6 +74,29 @@ def _target() -> Any:
     return DeliveryTarget(platform="telegram", chat_id="7")
 
 
+def copy_histories(
+    ledger: DeliveryLedger, templates: dict[str, list[StoredEvent]], kind_of: Any, events: int
+) -> int:
+    """Write copies of the template histories under fresh ids, in batches, until ``events``
+    are written (``kind_of(n)`` names the template of the n-th); returns how many."""
+    written = n = 0
+    batch: list[StoredEvent] = []
+    while written < events:
+        oid, name = uuid.uuid4(), f"{n:024x}".encode()
+        template = templates[kind_of(n)]
+        for s in template:
+            state = s.state.replace(b"TEMPLATE-ID-000000000000", name)
+            batch.append(StoredEvent(oid, s.originator_version, s.topic, state))
+        written += len(template)
+        n += 1
+        if len(batch) >= BATCH:
+            ledger.recorder.insert_events(batch)
+            batch = []
+    if batch:
+        ledger.recorder.insert_events(batch)
+    return n
+
+
 def build(db: Path, events: int) -> tuple[DeliveryLedger, int]:
     ledger = DeliveryLedger.open(db, encrypt=False)
     templates = {}
@@ -82,29 +105,12 @@ def build(db: Path, events: int) -> tuple[DeliveryLedger, int]:
             ledger.mapper.to_stored_event(e) for e in _history(kind).collect_events()
         ]
     cycle = ["clean", "clean", "retried", "claimed"]
-    written = planted = n = 0
-    batch: list[StoredEvent] = []
-    while written < events:
-        kind = "planted" if n % PLANT_EVERY == PLANT_EVERY - 1 else cycle[n % len(cycle)]
-        planted += kind == "planted"
-        oid = uuid.uuid4()
-        name = f"{n:024x}".encode()
-        for s in templates[kind]:
-            batch.append(
-                StoredEvent(
-                    originator_id=oid,
-                    originator_version=s.originator_version,
-                    topic=s.topic,
-                    state=s.state.replace(b"TEMPLATE-ID-000000000000", name),
-                )
-            )
-        written += len(templates[kind])
-        n += 1
-        if len(batch) >= BATCH:
-            ledger.recorder.insert_events(batch)
-            batch = []
-    if batch:
-        ledger.recorder.insert_events(batch)
+
+    def kind_of(n: int) -> str:
+        return "planted" if n % PLANT_EVERY == PLANT_EVERY - 1 else cycle[n % len(cycle)]
+
+    made = copy_histories(ledger, templates, kind_of, events)
+    planted = sum(1 for n in range(made) if kind_of(n) == "planted")
     return ledger, planted
 
 

@@ -8,6 +8,7 @@ Exit codes: 0 ok, 1 a check found problems, 2 usage or store error (one line on 
 from __future__ import annotations
 
 import argparse
+import getpass
 import importlib
 import logging
 import os
@@ -19,7 +20,14 @@ from typing import NoReturn
 import psycopg
 from eventsourcing.persistence import PersistenceError
 
+from gateway_ledger.application.observability import causes
 from gateway_ledger.domain.errors import LedgerError
+from gateway_ledger.infrastructure.observability.logs import (
+    FORMAT_ENV,
+    FORMATS,
+    ContextIds,
+    StructuredFormatter,
+)
 
 COMMAND_MODULES: tuple[str, ...] = (
     "demo",
@@ -77,6 +85,14 @@ def failure_line(error: BaseException) -> str:
     return f"gateway-ledger: {first}"
 
 
+def operator() -> str:
+    """Who runs this command: the OS user's name (``-`` when it cannot be told)."""
+    try:
+        return getpass.getuser()
+    except Exception:  # no name for this uid (a container), no environment
+        return "-"
+
+
 def invalid_argument(argv: Sequence[str]) -> str | None:
     """An argument that is not valid UTF-8 (Python hands it over with lone surrogates)."""
     for position, arg in enumerate(argv, start=1):
@@ -125,12 +141,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(arguments)
     if args.global_db is not None and hasattr(args, "db"):
         args.db = args.global_db  # `gateway-ledger --db X status` means the same as `status --db X`
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    style = os.environ.get(FORMAT_ENV, "text").strip().lower() or "text"
+    if style not in FORMATS:
+        print(
+            f"gateway-ledger: {FORMAT_ENV}={style!r}: one of {', '.join(FORMATS)}", file=sys.stderr
+        )
+        return 2
+    if style == "text":
+        logging.basicConfig(
+            level=logging.INFO if args.verbose else logging.WARNING,
+            format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        )
+    else:
+        handler = logging.StreamHandler()
+        handler.addFilter(ContextIds())
+        handler.setFormatter(StructuredFormatter(style))
+        logging.basicConfig(
+            level=logging.INFO if args.verbose else logging.WARNING, handlers=[handler]
+        )
     try:
-        return int(args.handler(args) or 0)
+        # Whatever the command writes was caused by it, run by this OS user (ADR 0058).
+        with causes.caused_by(f"operator:{args.command}:{operator()}", causes.new_id()):
+            return int(args.handler(args) or 0)
     except BrokenPipeError:
         return 0
     except EXPECTED_FAILURES as e:

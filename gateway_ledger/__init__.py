@@ -31,6 +31,8 @@ _EXPORTS: dict[str, str] = {
     "ReplyContext": "gateway_ledger.application.delivery.ports",
     # operating
     "ViewFollower": "gateway_ledger.infrastructure.views.follower",
+    "LedgerCollector": "gateway_ledger.infrastructure.observability.prometheus",
+    "turn": "gateway_ledger.application.observability.causes",
     # sessions
     "SessionStore": "gateway_ledger.bootstrap",
     "SessionSource": "gateway_ledger.domain.sessions.source",

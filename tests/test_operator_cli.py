@@ -259,10 +259,10 @@ def test_metrics_are_prometheus_text_with_the_status_figures(sim_dir: Path) -> N
     samples = dict(
         line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#")
     )
-    assert int(samples["gateway_ledger_unresolved_obligations"]) == stats["unresolved"]
-    assert int(samples["gateway_ledger_recovery_claims_total"]) == stats["recovery_claims"]
+    assert float(samples["gateway_ledger_unresolved_obligations"]) == stats["unresolved"]
+    assert float(samples["gateway_ledger_recovery_claims_total"]) == stats["recovery_claims"]
     delivered = sum(
-        int(v)
+        float(v)
         for k, v in samples.items()
         if k.startswith("gateway_ledger_obligations{") and 'state="delivered"' in k
     )

@@ -121,8 +121,8 @@ def test_one_bad_event_is_quarantined_and_every_other_obligation_is_recovered(
     assert len(history.stderr.strip().splitlines()) == 1
     metrics = cli("metrics", db=store_location)
     assert metrics.returncode == 0
-    assert "gateway_ledger_quarantined_obligations 1\n" in metrics.stdout
-    assert 'gateway_ledger_obligations{platform="telegram",state="quarantined"} 1' in (
+    assert "gateway_ledger_quarantined_obligations 1.0\n" in metrics.stdout
+    assert 'gateway_ledger_obligations{platform="telegram",state="quarantined"} 1.0' in (
         metrics.stdout
     )
 

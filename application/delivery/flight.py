@@ -40,6 +40,7 @@ from gateway_ledger.application.delivery.reconciliation import (
 )
 from gateway_ledger.application.delivery.recovery import load_for_sending
 from gateway_ledger.application.delivery.scheduling import Scheduler
+from gateway_ledger.application.observability import causes, tracing
 from gateway_ledger.domain.delivery.marker import send_guard
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation, compute_obligation_id
 from gateway_ledger.domain.errors import (
@@ -264,7 +265,8 @@ class Courier:
         )
         fault = False
         try:
-            await self._durable(waiter)
+            with tracing.span("record", obligation_id=oid, platform=context.platform):
+                await self._durable(waiter)
         except ConcurrentUpdate:
             if await self._already_recorded(agg):
                 return DeliveryOutcome(status="already_recorded", obligation_id=oid)
@@ -355,7 +357,8 @@ class Courier:
         )
         flight.last_write = future
         try:
-            await self._durable(waiter)
+            with tracing.span("settle", obligation=flight.agg, stage=stage):
+                await self._durable(waiter)
         except ConcurrentUpdate:
             # Another writer (an operator, a sweep) changed it: its history now decides.
             log.info("obligation %s: %s lost to a concurrent writer", flight.oid, stage)
@@ -385,6 +388,7 @@ class Courier:
         events = flight.agg.collect_events()
         if not flight.tracked:
             return
+        tracing.mark("settle", obligation=flight.agg, stage=stage)
         flight.last_write = self.writer.submit_behind(
             events,
             label=flight.oid,
@@ -457,7 +461,9 @@ class Courier:
                 mark = mark or verdict == OWNER_UNPROVEN
             text = render_duplicate_notice(adapter, part.text) if mark else part.text
             key = send_key(agg.obligation_id, part.index, single) if keyed else None
-            result = await self._platform_send(adapter, target, text, part, agg, key)
+            with tracing.span("send", obligation=agg, part=part.index) as opened:
+                result = await self._platform_send(adapter, target, text, part, agg, key)
+                tracing.annotate(opened, error_class=result.error_class)
             if not result.success:
                 return await self._settle_failure(flight, result)
             receipt.extend(result.message_ids)
@@ -629,6 +635,9 @@ class Courier:
             else self._retry_delay(flight, error_class, retry_after)
         )
         if delay is not None:
+            self.ledger.measures.waited(
+                "rate_limit" if error_class is ErrorClass.RATE_LIMITED else "backoff", delay
+            )
             self.counters.retries_scheduled += 1
             self.scheduler.schedule(
                 delay, lambda: self._retry(flight), label=f"retry {agg.obligation_id}"
@@ -711,6 +720,17 @@ class Courier:
             return DeliveryOutcome(status="failed", obligation_id=oid)
         self.counters.recovered += 1
         flight = Flight(agg=agg, adapter=adapter, lease_epoch=lease_epoch)
+        with (
+            tracing.span("recover", obligation=agg) as opened,
+            causes.caused_by(f"recovery:{oid}"),
+        ):
+            outcome = await self._recover(flight)
+            tracing.annotate(opened, status=outcome.status)
+        return outcome
+
+    async def _recover(self, flight: Flight) -> DeliveryOutcome:
+        """A claimed obligation: settled by the platform's answer, or sent (ADR 0050)."""
+        agg, oid = flight.agg, flight.oid
         if await self._settled_by_platform(flight):
             return DeliveryOutcome(
                 status="delivered", obligation_id=oid, message_ids=tuple(agg.receipt)
@@ -719,7 +739,7 @@ class Courier:
             return DeliveryOutcome(status="superseded", obligation_id=oid)
         log.info("obligation %s recovered marker=%s", oid, agg.arrived_before_this_send)
         # As Claimed decided, or as the platform's answer since then struck it off.
-        flight.guard = _guard_for(adapter, agg.arrived_before_this_send)
+        flight.guard = _guard_for(flight.adapter, agg.arrived_before_this_send)
         return await self._send(flight)
 
     # -- reconciliation and statuses after acceptance (ADR 0050) -------------------------------
@@ -791,7 +811,10 @@ class Courier:
             until=self._now(),
         )
         known = {i for ids in agg.delivered_parts.values() for i in ids}
-        answer = await self.reconciler.ask(adapter, query, known)
+        stage = "claim" if pending_send else "retry"
+        with tracing.span("reconcile", obligation=agg, stage=stage) as opened:
+            answer = await self.reconciler.ask(adapter, query, known)
+            tracing.annotate(opened, status=answer.outcome.value)
         try:
             agg.reconcile(
                 by=self.owner,
@@ -891,6 +914,11 @@ class Courier:
 
     def fault(self, oid: str, stage: str, error: BaseException) -> None:
         self.counters.ledger_faults += 1
+        error_class = type(error).__name__
         log.warning(
-            "ledger fault obligation=%s stage=%s error=%s", oid, stage, type(error).__name__
+            "ledger fault obligation=%s stage=%s error=%s",
+            oid,
+            stage,
+            error_class,
+            extra={"obligation_id": oid, "stage": stage, "error_class": error_class},
         )

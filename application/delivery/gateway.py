@@ -31,6 +31,7 @@ from gateway_ledger.application.delivery.ports import PlatformAdapter, Reply, Re
 from gateway_ledger.application.delivery.reconciliation import DEFAULT_RECONCILE_DEADLINE
 from gateway_ledger.application.delivery.recovery_port import RecoverySweep, ResumableSessions
 from gateway_ledger.application.delivery.scheduling import AsyncioScheduler, Scheduler
+from gateway_ledger.application.observability import causes, tracing
 from gateway_ledger.domain.values import LedgerPolicy, OwnerIdentity
 
 log = logging.getLogger("gateway_ledger.gateway")
@@ -367,4 +368,16 @@ class Gateway:
         self, context: ReplyContext, reply: Reply, inbound_message_id: str | None = None
     ) -> DeliveryOutcome:
         """The only way a final reply leaves the gateway."""
-        return await self._courier.deliver(context, reply, inbound_message_id)
+        cause = causes.inbound(self.ledger, context.session_key, inbound_message_id)
+        with (
+            tracing.span("deliver", platform=context.platform) as opened,
+            causes.caused_by(cause, correlation_id=causes.open_turn_or(cause)),
+        ):
+            outcome = await self._courier.deliver(context, reply, inbound_message_id)
+            tracing.annotate(
+                opened,
+                obligation_id=outcome.obligation_id,
+                status=outcome.status,
+                error_class=outcome.error_class,
+            )
+        return outcome

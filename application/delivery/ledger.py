@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import datetime
@@ -35,6 +36,7 @@ from gateway_ledger.application.delivery.ledger_ports import (
     LivenessPolicy,
     Loaded,
 )
+from gateway_ledger.application.delivery.measures import Measures
 from gateway_ledger.application.delivery.operations import (
     LedgerStats,
     Timeline,
@@ -45,6 +47,7 @@ from gateway_ledger.application.delivery.operations import (
 )
 from gateway_ledger.application.delivery.recovery import SweepResult, sweep_recoverable
 from gateway_ledger.application.delivery.views import HistoryEntry, ObligationStatus
+from gateway_ledger.application.observability import causes, tracing
 from gateway_ledger.application.privacy.erasure import (
     DELIVERY_PRIVACY,
     ErasureReport,
@@ -121,6 +124,8 @@ class DeliveryLedger(Application[UUID], ABC):
         self.policy = policy or LedgerPolicy()
         self.clock = clock
         self.last_sweep: SweepResult | None = None
+        self.measures = Measures()
+        """This process's sweep durations and retry waits (``LedgerCollector`` reads them)."""
         self._recoverable: RecoverableView | None = None
         self._obligation_index: ObligationIndexView | None = None
 
@@ -401,12 +406,20 @@ class DeliveryLedger(Application[UUID], ABC):
         Counters of the sweep are in ``last_sweep``. ``deliverable_platforms=None`` means
         every platform is connected; ``liveness`` replaces the local /proc judgement.
         """
-        self.last_sweep, won = sweep_recoverable(
-            self,
-            now,
-            deliverable_platforms=deliverable_platforms,
-            liveness=liveness or self.liveness,
-        )
+        run_id = causes.new_id()
+        started = time.perf_counter()
+        with (
+            tracing.span("sweep", run_id=run_id) as opened,
+            causes.caused_by(f"sweep:{run_id}", correlation_id=run_id),
+        ):
+            self.last_sweep, won = sweep_recoverable(
+                self,
+                now,
+                deliverable_platforms=deliverable_platforms,
+                liveness=liveness or self.liveness,
+            )
+            tracing.annotate(opened, claimed=len(won), abandoned=self.last_sweep.abandoned_total)
+        self.measures.sweeps.observe(time.perf_counter() - started)
         return [claimed_item(claim) for claim in won]
 
     def forget_session(

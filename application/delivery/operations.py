@@ -8,14 +8,15 @@ their cost follows the number of obligations, never the number of events. Only
 from __future__ import annotations
 
 import logging
-import math
 from datetime import datetime
 from typing import Any
 
 import attrs
 
 from gateway_ledger.application.delivery.ledger_ports import LedgerPort
+from gateway_ledger.application.delivery.measures import LATENCY_BUCKETS, Buckets
 from gateway_ledger.application.delivery.views import HistoryEntry, ObligationStatus
+from gateway_ledger.application.observability import causes, tracing
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation
 from gateway_ledger.domain.delivery.reconciliation import PlatformStatus
 from gateway_ledger.domain.errors import InvalidInput, NotFound
@@ -44,6 +45,7 @@ log = logging.getLogger("gateway_ledger.operations")
 
 STATES: tuple[str, ...] = (*(s.value for s in ObligationState), QUARANTINED)
 """The index's states: the aggregate's, and ``quarantined`` (ADR 0027)."""
+NO_DELIVERIES = Buckets(LATENCY_BUCKETS, (0,) * (len(LATENCY_BUCKETS) + 1), 0.0)
 MAX_QUARANTINED_IDS = 1000
 """``stats().quarantined_ids`` lists at most this many (oldest first); the count is exact."""
 
@@ -87,26 +89,22 @@ class LedgerStats:
     by_platform_status: dict[str, int] = attrs.field(factory=dict)
     """Delivered obligations by the last status their platform reported (``read``,
     ``delivered_to_device``)."""
+    delivery_histogram: Buckets = NO_DELIVERIES
+    """Record to delivery as a histogram (``LATENCY_BUCKETS``), from the same read, for
+    ``LedgerCollector`` (not in ``to_dict``: ``status --json`` is unchanged)."""
 
     def to_dict(self) -> dict[str, Any]:
         data = attrs.asdict(self, recurse=True)
         data["generated_at"] = self.generated_at.isoformat()
+        del data["delivery_histogram"]  # the metrics' (its buckets are not status figures)
         return data
-
-
-def _percentile(ordered: list[float], fraction: float) -> float | None:
-    """Nearest-rank percentile of an ascending list."""
-    if not ordered:
-        return None
-    rank = max(1, math.ceil(fraction * len(ordered)))
-    return ordered[rank - 1]
 
 
 def compute_stats(ledger: LedgerPort, now: datetime | None = None) -> LedgerStats:
     moment = require_aware("now", now if now is not None else ledger.clock())
     index = ledger.obligation_index
     index.catch_up()
-    tally = index.tally(max_quarantined_ids=MAX_QUARANTINED_IDS)
+    tally = index.tally(max_quarantined_ids=MAX_QUARANTINED_IDS, latency_bounds=LATENCY_BUCKETS)
     by_state = dict.fromkeys(STATES, 0)
     by_platform: dict[str, dict[str, int]] = {}
     claims = claimed = retries = failed_after = 0
@@ -126,17 +124,17 @@ def compute_stats(ledger: LedgerPort, now: datetime | None = None) -> LedgerStat
     reasons = {r.value: 0 for r in AbandonReason}
     reasons.update(tally.abandoned_by_reason)
     oldest = tally.oldest_unresolved
-    durations = list(tally.delivery_seconds)
     quarantined_ids = tally.quarantined_ids
     age = None
     if oldest is not None:
         age = round(max(0, to_micros(moment) - to_micros(oldest[1])) / 1e6, 3)
+    delivery = tally.delivery
     times = DeliveryTimes(
-        count=len(durations),
-        p50=_percentile(durations, 0.50),
-        p95=_percentile(durations, 0.95),
-        max=durations[-1] if durations else None,
-        total=round(sum(durations), 6),
+        count=delivery.count,
+        p50=delivery.p50,
+        p95=delivery.p95,
+        max=delivery.max,
+        total=delivery.total,
     )
     unresolved = sum(by_state[s] for s in UNRESOLVED)
     return LedgerStats(
@@ -158,6 +156,7 @@ def compute_stats(ledger: LedgerPort, now: datetime | None = None) -> LedgerStat
         projections=tuple(projection_status(ledger, name) for name in PROJECTION_NAMES),
         failed_after_acceptance=failed_after,
         by_platform_status={str(s): n for s, n in by_status.items()},
+        delivery_histogram=Buckets(LATENCY_BUCKETS, delivery.cumulative, delivery.total),
     )
 
 
@@ -247,11 +246,17 @@ def timeline(ledger: LedgerPort, obligation_id: str, at: datetime | None = None)
 def request_retry(ledger: LedgerPort, obligation_id: str, by_operator: str) -> ObligationStatus:
     """Append ``RetryRequested``; refused (IllegalTransition) on a final obligation."""
     require_clear_text("by_operator", by_operator, allow_empty=True)
-    obligation = ledger.change(
-        obligation_id,
-        "retry requested",
-        lambda o: o.request_retry(by=ledger.owner, now=ledger.clock(), requested_by=by_operator),
-    )
+    with (
+        tracing.span("operator_retry", obligation_id=obligation_id, command="retry"),
+        causes.caused_by(f"operator:retry:{by_operator or '-'}", correlation_id=causes.new_id()),
+    ):
+        obligation = ledger.change(
+            obligation_id,
+            "retry requested",
+            lambda o: o.request_retry(
+                by=ledger.owner, now=ledger.clock(), requested_by=by_operator
+            ),
+        )
     log.info(
         "obligation %s retry requested (fence %d, marker %s)",
         obligation_id,

@@ -29,6 +29,7 @@ from eventsourcing.persistence import IntegrityError, PersistenceError
 
 from gateway_ledger.application.delivery.interface import Claim
 from gateway_ledger.application.delivery.ledger_ports import LedgerPort, LivenessPolicy, Loaded
+from gateway_ledger.application.observability import tracing
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation
 from gateway_ledger.domain.errors import LedgerError, NotFound
 from gateway_ledger.domain.values import (
@@ -328,6 +329,7 @@ class RecoverySweep:
             log.info("sweep: abandoned %s (%s)", obligation.obligation_id, reason)
             return
         self.counts["claimed"] += 1
+        tracing.mark("claim", obligation, recovery_attempt=obligation.recovery_attempts)
         log.debug(
             "sweep: claimed %s attempt=%d needs_marker=%s",
             obligation.obligation_id,

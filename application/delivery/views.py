@@ -7,6 +7,8 @@ from typing import Any
 
 import attrs
 
+from gateway_ledger.application.observability import causes
+from gateway_ledger.application.observability.causes import META
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation
 from gateway_ledger.domain.values import MediaItem, OwnerIdentity
 
@@ -105,21 +107,28 @@ class HistoryEntry:
     type: str
     timestamp: datetime
     fields: dict[str, Any]
+    meta: dict[str, str] = attrs.field(factory=dict)
+    """What caused it: ``correlation_id``, ``causation_id``, ``trace_id`` (ADR 0058); empty
+    for an event written before events recorded them."""
 
     @classmethod
     def of(cls, domain_event: Any) -> HistoryEntry:
-        data = {k: v for k, v in domain_event.__dict__.items() if k not in _ENVELOPE}
+        data = {k: v for k, v in domain_event.__dict__.items() if k not in _ENVELOPE and k != META}
         return cls(
             version=domain_event.originator_version,
             type=type(domain_event).__name__,
             timestamp=domain_event.timestamp,
             fields=data,
+            meta=causes.of(domain_event),
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "version": self.version,
             "type": self.type,
             "timestamp": self.timestamp.isoformat(),
             "fields": plain(self.fields),
         }
+        if self.meta:  # an event written before events recorded causes has none
+            data["meta"] = dict(self.meta)
+        return data

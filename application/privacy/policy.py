@@ -13,6 +13,8 @@ from typing import Any
 import attrs
 from eventsourcing.utils import get_topic
 
+from gateway_ledger.application.observability.causes import META
+
 
 @attrs.frozen
 class SealedEvent:
@@ -105,7 +107,7 @@ class PrivacyPolicy:
             declared |= set(clear.clear)
         missing: list[str] = []
         for name, value in vars(event).items():
-            if name in EVENT_BASE_FIELDS or name in declared:
+            if name in EVENT_BASE_FIELDS or name in declared or name == META:
                 continue
             nested = {p for p in declared if p.startswith(name + ".")}
             if nested and attrs.has(type(value)):

@@ -47,6 +47,9 @@ class Keys(Protocol):
     def subject_id(self, session_key: str) -> str:
         """The subject of a session key: a keyed hash, stored in clear."""
 
+    def keyed_name(self, value: str) -> str:
+        """The same keyed hash of any value, not remembered (a reply's inbound cause)."""
+
     def destroy(self, subject_id: str) -> list[str]:
         """Destroy every data key of the subject; the ids of the keys destroyed."""
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from gateway_ledger.application.observability.correlation import correlated
+from gateway_ledger.bootstrap import open_session_store
 from gateway_ledger.entrypoints.console import (
     Subcommands,
     add_common,
@@ -12,6 +14,7 @@ from gateway_ledger.entrypoints.console import (
     parse_moment,
     print_json,
     table,
+    usage_error,
 )
 
 
@@ -21,7 +24,12 @@ def register(subparsers: Subcommands) -> None:
         help="the timeline of one obligation; --at shows its state at a past moment",
         description="Every event: who, when, attempt, error class, marker, receipt.",
     )
-    parser.add_argument("obligation_id", metavar="ID")
+    parser.add_argument("obligation_id", metavar="ID", nargs="?")
+    parser.add_argument(
+        "--correlation",
+        metavar="CID",
+        help="instead: every obligation and session event of one turn (a correlation id)",
+    )
     parser.add_argument(
         "--at", metavar="T", help="replay only to T (ISO 8601, or an age: 15m, 2h, 3d)"
     )
@@ -75,7 +83,44 @@ def _facts(kind: str, f: dict[str, Any]) -> str:
     return " ".join(facts)
 
 
+def _cause(meta: dict[str, str]) -> str:
+    if not meta:
+        return "-"
+    trace = meta.get("trace_id")
+    return meta.get("causation_id", "-") + (f" trace={trace}" if trace else "")
+
+
+def run_correlation(args: argparse.Namespace) -> int:
+    if args.obligation_id or args.at:
+        raise usage_error("--correlation takes no obligation ID and no --at")
+    ledger = open_ledger(args.db)
+    stores: list[tuple[str, object, str]] = [("ledger", ledger, "gateway_ledger.domain.delivery")]
+    sessions = open_session_store(args.db)
+    if sessions is not None:
+        stores.append(("sessions", sessions, "gateway_ledger.domain.sessions"))
+    events = correlated(stores, args.correlation, whole_aggregates=["ledger"])
+    if args.json:
+        print_json({"correlation_id": args.correlation, "events": [e.to_dict() for e in events]})
+        return 0
+    if not events:
+        print(f"no event of correlation {args.correlation}")
+        return 1
+    print(f"correlation {args.correlation}: {len(events)} event(s)")
+    rows = [
+        [e.store, e.name, e.version, e.timestamp, e.type, _cause(e.meta), "" if e.direct else "*"]
+        for e in events
+    ]
+    print(table(["store", "id", "v", "when (UTC)", "event", "cause", ""], rows, indent="  "))
+    if any(not e.direct for e in events):
+        print("  * another event of an obligation of this turn (its own cause above)")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.correlation is not None:
+        return run_correlation(args)
+    if not args.obligation_id:
+        raise usage_error("history needs an obligation ID, or --correlation CID")
     at = parse_moment(args.at, name="--at") if args.at else None
     ledger = open_ledger(args.db)
     timeline = ledger.timeline(args.obligation_id, at)
@@ -93,10 +138,13 @@ def run(args: argparse.Namespace) -> int:
     )
     print()
     rows = [
-        [e.version, e.timestamp, e.type, _who(e.fields), _facts(e.type, e.fields)]
+        [e.version, e.timestamp, e.type, _who(e.fields), _facts(e.type, e.fields), _cause(e.meta)]
         for e in timeline.entries
     ]
-    print(table(["v", "when (UTC)", "event", "by", "facts"], rows, indent="  "))
+    print(table(["v", "when (UTC)", "event", "by", "facts", "cause"], rows, indent="  "))
+    turns = sorted({e.meta["correlation_id"] for e in timeline.entries if e.meta})
+    if turns:
+        print(f"  correlation: {', '.join(turns)} (history --correlation ID shows a whole turn)")
     if timeline.later_events:
         print(f"  ({timeline.later_events} later event(s) not shown)")
     return 0

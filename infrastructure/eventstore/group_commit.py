@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import contextvars
 import itertools
 import logging
 import queue
@@ -48,6 +49,7 @@ import attrs
 from eventsourcing.application import Application
 from eventsourcing.persistence import IntegrityError
 
+from gateway_ledger.application.observability.causes import stamp
 from gateway_ledger.domain.errors import ConcurrentUpdate, LedgerError, SessionErased
 from gateway_ledger.infrastructure.eventstore.library import SealedEventStore
 from gateway_ledger.infrastructure.loop_waker import LoopWaker, close_wakers, waker_for
@@ -232,6 +234,7 @@ class GroupCommitWriter:
         loop = asyncio.get_running_loop()
         handle = WriteHandle()
         report = (loop, on_error) if on_error is not None else None
+        stamp(events)  # on the caller's side: its turn and trace (ADR 0058)
         job = _Job(label, list(events), handle, after, None, report)
         with self._cond:
             if self._closed:
@@ -287,6 +290,7 @@ class GroupCommitWriter:
         future: Written,
         on_error: tuple[asyncio.AbstractEventLoop, Callable[[BaseException], object]] | None = None,
     ) -> None:
+        stamp(events)  # on the caller's side: its turn and trace (ADR 0058)
         job = _Job(label, list(events), future, after, waiter, on_error)
         with self._cond:
             if self._closed:
@@ -309,7 +313,9 @@ class GroupCommitWriter:
         for a read that must not wait behind a stuck write, and may miss this process's
         own writes still queued (the ownership check before a send, ADR 0032)."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._reader, fn, *args)
+        # In the caller's context: what it writes there has the caller's turn and trace.
+        context = contextvars.copy_context()
+        return await loop.run_in_executor(self._reader, context.run, fn, *args)
 
     def close(self, timeout: float = 10.0) -> None:
         """Finish what is queued, then stop the thread."""

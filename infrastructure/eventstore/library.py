@@ -27,6 +27,7 @@ recorder's insert hook (a library internal, owned by ``postgres.py`` alone and p
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -44,6 +45,8 @@ from eventsourcing.persistence import (
 )
 from eventsourcing.utils import get_topic
 
+from gateway_ledger.application.observability.causes import of as causes_of
+from gateway_ledger.application.observability.causes import stamp
 from gateway_ledger.application.privacy.policy import PrivacyPolicy
 from gateway_ledger.infrastructure.eventstore.keyed_recorder import KeyedSQLiteApplicationRecorder
 from gateway_ledger.infrastructure.eventstore.store import store_path
@@ -62,6 +65,8 @@ _KEYED_RECORDERS = {
         "gateway_ledger.infrastructure.eventstore.postgres:KeyedPostgresApplicationRecorder"
     ),
 }
+
+log = logging.getLogger("gateway_ledger.events")
 
 DECRYPTED_CACHE_SIZE = 1024
 """Aggregates kept decrypted between a write and the next (least recently written go)."""
@@ -111,16 +116,34 @@ class SealedEventStore(EventStore[UUID]):
         and ``SessionErased`` when a key they were sealed with was destroyed meanwhile."""
         if not domain_events:
             return [], None
+        stamp(domain_events)  # what caused them, unless stamped where they were handed over
         if not self.stores_keys:
             stored = [self.mapper.to_stored_event(e) for e in domain_events]
-            return stored, self.recorder.insert_events(stored, **kwargs)
+            written = stored, self.recorder.insert_events(stored, **kwargs)
+        else:
 
-        def write(keys: WriteKeys) -> tuple[list[StoredEvent], Sequence[int] | None]:
-            to_stored_event: Any = self.mapper.to_stored_event
-            sealed = [to_stored_event(e, keys) for e in domain_events]
-            return sealed, self.recorder.insert_events(sealed, keys=keys, **kwargs)
+            def write(keys: WriteKeys) -> tuple[list[StoredEvent], Sequence[int] | None]:
+                to_stored_event: Any = self.mapper.to_stored_event
+                sealed = [to_stored_event(e, keys) for e in domain_events]
+                return sealed, self.recorder.insert_events(sealed, keys=keys, **kwargs)
 
-        return self.keyring.writing(write)
+            written = self.keyring.writing(write)
+        if log.isEnabledFor(logging.DEBUG):
+            log_changes(domain_events)
+        return written
+
+
+def log_changes(domain_events: Sequence[Any]) -> None:
+    """One DEBUG line per state change written: the event's type, aggregate, version and
+    the ids its metadata holds (never a field's value)."""
+    for event in domain_events:
+        extra: dict[str, Any] = {
+            "event": type(event).__name__,
+            "aggregate_id": str(event.originator_id),
+            "version": event.originator_version,
+            **causes_of(event),
+        }
+        log.debug("%s v%d written", extra["event"], extra["version"], extra=extra)
 
 
 class DecryptedAggregates:

@@ -16,7 +16,6 @@ succeeded (ADR 0017).
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import logging
 import math
@@ -203,14 +202,18 @@ class KeyRing:
         known = self._names.get(session_key)
         if known is not None:
             return known
-        if self._table is None:
-            self._setup()
-        digest = hmac.new(self._name_key, session_key.encode("utf-8"), hashlib.sha256)
-        name = digest.hexdigest()[:32]
+        name = self.keyed_name(session_key)
         if len(self._names) >= DEFAULT_CACHE_SIZE:
             self._names.clear()
         self._names[session_key] = name
         return name
+
+    def keyed_name(self, value: str) -> str:
+        """The keyed digest subject ids are made with, of any value (not remembered): the
+        cause of a reply names its inbound message so (ADR 0058)."""
+        if self._table is None:
+            self._setup()
+        return hmac.digest(self._name_key, value.encode("utf-8"), "sha256").hex()[:32]
 
     def sealing_key(self, subject_id: str, write: WriteKeys | None = None) -> tuple[str, AESGCM]:
         """The subject's current data key, created on first use.

@@ -43,6 +43,7 @@ from eventsourcing.persistence import (
 )
 from eventsourcing.utils import TopicError, get_topic, resolve_topic
 
+from gateway_ledger.application.observability.causes import META
 from gateway_ledger.application.privacy.policy import PrivacyPolicy, SealedEvent
 from gateway_ledger.domain.errors import UndecodableEvent
 from gateway_ledger.domain.values import QuarantineReason
@@ -561,6 +562,7 @@ class PrivateMapper(Mapper[UUID]):
         event_state: dict[str, Any],
         envelope: dict[str, str] | None,
     ) -> Any:
+        meta = event_state.pop(META, None)  # the write's metadata: not a field (ADR 0058)
         if envelope is not None:
             target = event_state["state"] if issubclass(cls, Snapshot) else event_state
             self._open(envelope, target, stored_event, cls)
@@ -576,6 +578,8 @@ class PrivateMapper(Mapper[UUID]):
         if allowed and not event_state.keys() <= allowed:
             unknown = sorted(event_state.keys() - allowed)
             raise _undecodable(stored_event, f"{cls.__name__} with unknown fields {unknown}")
+        if meta is not None:
+            event_state[META] = meta
         domain_event: Any = object.__new__(cls)
         object.__setattr__(domain_event, "__dict__", event_state)
         return domain_event

@@ -7,7 +7,7 @@ condition, and the queries the sweep and operators' commands ask.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
@@ -21,6 +21,7 @@ from gateway_ledger.infrastructure.views.sql_view import SqlView
 from gateway_ledger.projections.delivery.obligation_index import (
     INDEX_NAME,
     UNRESOLVED,
+    DeliveryTally,
     GroupCount,
     IndexEntry,
     IndexProjection,
@@ -28,6 +29,7 @@ from gateway_ledger.projections.delivery.obligation_index import (
     IndexTally,
     ObligationIndexView,
     UndecodableEntry,
+    nearest_rank,
 )
 from gateway_ledger.projections.delivery.obligation_view import (
     KEY,
@@ -41,6 +43,9 @@ from gateway_ledger.projections.delivery.recoverable import (
     RecoverableProjection,
     RecoverableView,
 )
+
+DURATION = "(delivered_at - recorded_at)"
+"""Record to delivery of an index row, in microseconds (indexed: ``by_delivery_time``)."""
 
 QUARANTINE_COLUMN_TYPES = {"quarantine_reason": "TEXT", "quarantine_version": "BIGINT"}
 """The quarantine columns' SQL types (a view made before ADR 0027 gains them)."""
@@ -170,6 +175,7 @@ class SqlObligationIndex(SqlObligationView, ObligationIndexView):
         "by_state": "state, recorded_at",
         "by_subject": "subject_id, recorded_at",
         "by_recorded_at": "recorded_at",
+        "by_delivery_time": DURATION,
     }
 
     def __init__(self, app: Application[Any], name: str = INDEX_NAME) -> None:
@@ -211,7 +217,9 @@ class SqlObligationIndex(SqlObligationView, ObligationIndexView):
         rows = self.select(" AND ".join(where), tuple(params), suffix)
         return [IndexEntry.from_row(r) for r in rows]
 
-    def tally(self, *, max_quarantined_ids: int) -> IndexTally:
+    def tally(
+        self, *, max_quarantined_ids: int, latency_bounds: Sequence[float] = ()
+    ) -> IndexTally:
         self.runner.ensure_tables()
         table = self.table
         with self.dialect.read_cursor() as c:
@@ -254,11 +262,7 @@ class SqlObligationIndex(SqlObligationView, ObligationIndexView):
                 if row is None
                 else (str(row["obligation_id"]), from_micros(row["recorded_at"]))
             )
-            c.execute(
-                f"SELECT delivered_at - recorded_at AS d FROM {table} "
-                "WHERE delivered_at IS NOT NULL ORDER BY d"
-            )
-            durations = tuple(int(r["d"]) / 1e6 for r in c.fetchall())
+            delivery = self._delivery(c, latency_bounds)
             quarantined_ids: tuple[str, ...] = ()
             if any(g.state == QUARANTINED for g in groups):  # a healthy store reads no ids
                 c.execute(
@@ -270,8 +274,42 @@ class SqlObligationIndex(SqlObligationView, ObligationIndexView):
             groups=groups,
             abandoned_by_reason=reasons,
             oldest_unresolved=oldest,
-            delivery_seconds=durations,
+            delivery=delivery,
             quarantined_ids=quarantined_ids,
+        )
+
+    def _delivery(self, c: Cursor, bounds: Sequence[float]) -> DeliveryTally:
+        """Record to delivery counted in the store: one pass for count, sum, maximum and
+        buckets, and an index walk to each percentile's rank (``by_delivery_time``)."""
+        table = self.table
+        buckets = "".join(
+            f", SUM(CASE WHEN {DURATION} <= {round(b * 1e6)} THEN 1 ELSE 0 END) AS b{i}"
+            for i, b in enumerate(bounds)
+        )
+        c.execute(
+            f"SELECT COUNT(*) AS n, SUM({DURATION}) AS total, MAX({DURATION}) AS longest"
+            f"{buckets} FROM {table} WHERE delivered_at IS NOT NULL"
+        )
+        row = c.fetchone()
+        count = int(row["n"])
+        cumulative = (*(int(row[f"b{i}"] or 0) for i in range(len(bounds))), count)
+        if count == 0:
+            return DeliveryTally(0, 0.0, None, None, None, cumulative)
+
+        def at_rank(fraction: float) -> float:
+            c.execute(
+                f"SELECT {DURATION} AS d FROM {table} WHERE delivered_at IS NOT NULL "
+                f"ORDER BY {DURATION} LIMIT 1 OFFSET {nearest_rank(count, fraction) - 1}"
+            )
+            return int(c.fetchone()["d"]) / 1e6
+
+        return DeliveryTally(
+            count=count,
+            total=round(int(row["total"]) / 1e6, 6),
+            p50=at_rank(0.50),
+            p95=at_rank(0.95),
+            max=int(row["longest"]) / 1e6,
+            cumulative=cumulative,
         )
 
     def undecodable(self) -> list[UndecodableEntry]:

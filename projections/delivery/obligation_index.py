@@ -14,8 +14,9 @@ restates the rule.
 from __future__ import annotations
 
 import itertools
+import math
 from abc import abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 from uuid import UUID
@@ -374,6 +375,27 @@ class GroupCount:
 
 
 @attrs.frozen
+class DeliveryTally:
+    """Record to delivery over every delivered obligation, counted by the store (a scrape
+    or ``status`` reads no row per obligation)."""
+
+    count: int
+    total: float
+    """Seconds, summed."""
+    p50: float | None
+    p95: float | None
+    max: float | None
+    """Nearest-rank percentiles and the maximum, in seconds (None: nothing delivered)."""
+    cumulative: tuple[int, ...]
+    """How many took at most each bound asked for, then all of them (``count``)."""
+
+
+def nearest_rank(count: int, fraction: float) -> int:
+    """The 1-based rank of the nearest-rank percentile ``fraction`` of ``count`` values."""
+    return max(1, math.ceil(fraction * count))
+
+
+@attrs.frozen
 class IndexTally:
     """The index counted for operators' figures: a few aggregate reads, no history."""
 
@@ -381,8 +403,8 @@ class IndexTally:
     abandoned_by_reason: Mapping[str, int]
     oldest_unresolved: tuple[str, datetime] | None
     """The obligation id and record time of the oldest obligation still owed."""
-    delivery_seconds: tuple[float, ...]
-    """Record to delivery, of every delivered obligation, ascending."""
+    delivery: DeliveryTally
+    """Record to delivery, of every delivered obligation."""
     quarantined_ids: tuple[str, ...]
     """The oldest quarantined obligations' ids (at most the number asked for)."""
 
@@ -405,8 +427,11 @@ class ObligationIndexView(MaterializedView):
         """The obligations ``query`` selects, oldest first (ties: by obligation id)."""
 
     @abstractmethod
-    def tally(self, *, max_quarantined_ids: int) -> IndexTally:
-        """The figures of ``status`` and ``metrics``."""
+    def tally(
+        self, *, max_quarantined_ids: int, latency_bounds: Sequence[float] = ()
+    ) -> IndexTally:
+        """The figures of ``status`` and ``metrics`` (record to delivery counted against
+        ``latency_bounds``, in seconds, ascending)."""
 
     @abstractmethod
     def undecodable(self) -> list[UndecodableEntry]:

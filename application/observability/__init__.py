@@ -1,0 +1,1 @@
+"""What every capability shares to be observed: causes of events, and trace spans."""

@@ -1,0 +1,1 @@
+"""Operators' signals in their ecosystem's own formats: Prometheus, structured logs."""
