@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 import gateway_ledger
 from gateway_ledger.application.delivery.metrics import GATEWAY_METRIC_NAMES, METRIC_NAMES
 from gateway_ledger.application.delivery.ports import Reply, ReplyContext, SendResult
+from gateway_ledger.application.delivery.reconciliation import ReconcileAnswer, ReconcileQuery
 from gateway_ledger.application.delivery.scheduling import ManualScheduler
 from gateway_ledger.bootstrap import Gateway, SessionStore
 from gateway_ledger.domain.delivery.obligation import compute_obligation_id
@@ -229,17 +230,48 @@ def test_a_recovery_is_a_sweep_with_its_claims_then_a_recover_span(
     assert delivered.meta["causation_id"] == f"recovery:{oid}"
 
 
-def test_a_reconciliation_span_is_opened_with_the_one_helper(
-    spans: InMemorySpanExporter,
+def test_a_reconciliation_is_a_span_of_the_recovery_and_settles_without_a_send(
+    sqlite_location: str, spans: InMemorySpanExporter
 ) -> None:
-    """Issue 17's reconciliation opens its span as every step does (SHARED-NAMES.md)."""
-    from gateway_ledger.application.observability import tracing
+    """A dead owner's send may have arrived; the claimer asks the platform (ADR 0050),
+    which finds it: ``reconcile`` and ``settle`` spans under ``recover``, the answer as its status,
+    no ``send`` span, and the Reconciled event caused by the recovery."""
 
-    with tracing.span("reconcile", obligation_id="o-1", state="accepted", stage="poll"):
-        tracing.mark("send", obligation_id="o-1", attempt=2, content=TEXT, chat_id=CHAT)
+    class FindsIt(ScriptedAdapter):
+        async def reconcile(self, query: ReconcileQuery) -> ReconcileAnswer:
+            return ReconcileAnswer.arrived("tg-77", evidence="history: found")
+
+    async def main() -> Any:
+        dead = Gateway.open(sqlite_location, owner=dead_owner())
+        oid = compute_obligation_id(KEY, "in-1", TEXT)
+        dead.ledger.record_obligation(
+            obligation_id=oid, session_key=KEY, platform="telegram", chat_id=CHAT, content=TEXT
+        )
+        dead.ledger.mark_attempting(oid, guard="none")  # then it died mid-send
+        dead.ledger.close()
+        spans.clear()
+        adapter = FindsIt()
+        async with Gateway.open(sqlite_location) as gw:
+            await gw.start([adapter])
+            await gw.flush()
+            return gw.ledger.history(oid), gw.ledger.get(oid), adapter.sent, oid
+
+    history, status, sent, oid = asyncio.run(main())
+    assert status.state == "delivered" and sent == []
     finished = spans.get_finished_spans()
-    assert _tree(finished)["gateway_ledger.reconcile"] == ["gateway_ledger.send"]
-    _no_content(finished)  # names outside the allowed ones are dropped
+    tree = _tree(finished)
+    assert sorted(tree["gateway_ledger.recover"]) == [
+        "gateway_ledger.reconcile",
+        "gateway_ledger.settle",
+    ]
+    reconcile = next(s for s in finished if s.name == "gateway_ledger.reconcile")
+    assert reconcile.attributes["gateway_ledger.status"] == "arrived"
+    assert reconcile.attributes["gateway_ledger.stage"] == "claim"
+    assert reconcile.attributes["gateway_ledger.obligation_id"] == oid
+    _no_content(finished)
+    reconciled = next(h for h in history if h.type == "Reconciled")
+    assert reconciled.meta["causation_id"] == f"recovery:{oid}"
+    assert reconciled.meta["trace_id"] == format(reconcile.context.trace_id, "032x")
 
 
 def test_history_correlation_shows_one_turn_across_sessions_and_the_ledger(
