@@ -65,6 +65,12 @@ from gateway_ledger.domain.values import LedgerPolicy, OwnerIdentity
 from gateway_ledger.infrastructure.eventstore.bulk_events import load_each
 from gateway_ledger.infrastructure.eventstore.group_commit import GroupCommitWriter
 from gateway_ledger.infrastructure.eventstore.library import ENCRYPT_ENV, PrivateEvents
+from gateway_ledger.infrastructure.eventstore.release import (
+    checked_environment,
+    record_release,
+    running_release,
+)
+from gateway_ledger.infrastructure.eventstore.sql_dialect import dialect_for
 from gateway_ledger.infrastructure.eventstore.store import (
     is_concurrent_ddl,
     is_read_only,
@@ -274,6 +280,7 @@ def open_ledger(
     there, read-only if this process cannot write it unless ``writing``.
     """
     env = store_environment(location, existing=existing, writing=writing)
+    env, note_release = checked_environment(str(location), env, writes=writing or not existing)
     with opening(location):
         ledger = ledger_class(
             env,
@@ -285,6 +292,8 @@ def open_ledger(
             check_key=check_key,
         )
     try:
+        if note_release:
+            record_release(dialect_for(ledger.recorder), running_release())
         return ledger.start()
     except BaseException:
         ledger.close()
