@@ -34,6 +34,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "projections",
     "sessions",  # with its "forget" subcommand (commands/forget.py)
     "metrics",
+    "verify",
+    "backup",  # with "restore"
 )
 
 DB_ENV = "GATEWAY_LEDGER_DB"

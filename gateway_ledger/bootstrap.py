@@ -46,6 +46,7 @@ from gateway_ledger.application.delivery.ledger_ports import (
     LivenessPolicy,
     Loaded,
 )
+from gateway_ledger.application.delivery.maintenance import VerifyReport, verify_store
 from gateway_ledger.application.delivery.recovery_port import RecoverySweep, ResumableSessions
 from gateway_ledger.application.delivery.scheduling import Scheduler
 from gateway_ledger.application.privacy.erasure import (
@@ -65,6 +66,12 @@ from gateway_ledger.domain.values import LedgerPolicy, OwnerIdentity
 from gateway_ledger.infrastructure.eventstore.bulk_events import load_each
 from gateway_ledger.infrastructure.eventstore.group_commit import GroupCommitWriter
 from gateway_ledger.infrastructure.eventstore.library import ENCRYPT_ENV, PrivateEvents
+from gateway_ledger.infrastructure.eventstore.maintenance import (
+    StoreChecks,
+    backup_sqlite,
+    copy_companions,
+    restore_sqlite,
+)
 from gateway_ledger.infrastructure.eventstore.release import (
     checked_environment,
     record_release,
@@ -73,8 +80,10 @@ from gateway_ledger.infrastructure.eventstore.release import (
 from gateway_ledger.infrastructure.eventstore.sql_dialect import dialect_for
 from gateway_ledger.infrastructure.eventstore.store import (
     is_concurrent_ddl,
+    is_postgres_url,
     is_read_only,
     opening,
+    require_sqlite_store,
     store_environment,
     store_path,
 )
@@ -112,6 +121,8 @@ __all__ = [
 ]
 
 _DDL_ATTEMPTS = 5
+KEY_SUFFIXES = (".key", ".session-secret")
+"""The key material beside an SQLite store: its master key, its session secret."""
 
 
 def build_transcoder() -> Transcoder:
@@ -540,3 +551,43 @@ def open_sessions_for_erasure(location: str | Path, *, required: bool) -> Sessio
 
 
 # --- end sessions --------------------------------------------------------------------------
+
+
+# --- the life of the data: verify, backup, restore, retention -------------------------------
+
+LEDGER_TOPICS = ("gateway_ledger.domain.obligation:", "gateway_ledger.domain.erasure:")
+"""The ledger's own events (on SQLite its table holds the sessions' too)."""
+
+
+def is_postgres_location(location: str | Path) -> bool:
+    return is_postgres_url(str(location))
+
+
+def verify_ledger_store(ledger: DeliveryLedger) -> VerifyReport:
+    """``verify`` on an open ledger: its views are compared unless it is read-only."""
+    views: list[Any] = [] if ledger.read_only else [ledger.recoverable, ledger.obligation_index]
+    return verify_store(StoreChecks(ledger), ledger.private_mapper, LEDGER_TOPICS, views)
+
+
+def backup_store(
+    location: str | Path, dest: str | Path, *, with_keys: bool = False, force: bool = False
+) -> dict[str, Any]:
+    """An online backup of the SQLite store at ``location`` into ``dest``; the master key
+    and session secret beside it are copied only ``with_keys``."""
+    source = Path(str(location))
+    require_sqlite_store(source)
+    pages = backup_sqlite(source, dest, overwrite=force)
+    keys = copy_companions(source, Path(dest), KEY_SUFFIXES) if with_keys else []
+    return {
+        "store": str(source),
+        "backup": str(dest),
+        "pages": pages,
+        "keys": [str(k) for k in keys],
+    }
+
+
+def restore_store(backup: str | Path, location: str | Path, *, force: bool = False) -> int:
+    """Restore a backup file into a new SQLite store at ``location`` (refused over an
+    existing one unless ``force``); verify it next, then sweep."""
+    require_sqlite_store(Path(str(backup)))
+    return restore_sqlite(backup, location, overwrite=force)

@@ -96,7 +96,9 @@ def record_release(dialect: SqlDialect, release: str) -> None:
         if current is None:
             c.execute(dialect.sql(f"INSERT INTO {table} VALUES (?, ?)"), (RELEASE, release))
         elif release_key(release) > release_key(current):
-            c.execute(dialect.sql(f"UPDATE {table} SET value = ? WHERE name = ?"), (release, RELEASE))
+            c.execute(
+                dialect.sql(f"UPDATE {table} SET value = ? WHERE name = ?"), (release, RELEASE)
+            )
 
 
 def newer_store_message(location: str, stored: str, running: str) -> str:
