@@ -36,6 +36,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "metrics",
     "verify",
     "backup",  # with "restore"
+    "prune",
 )
 
 DB_ENV = "GATEWAY_LEDGER_DB"

@@ -25,6 +25,7 @@ import time
 import weakref
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -48,6 +49,11 @@ from gateway_ledger.application.delivery.ledger_ports import (
 )
 from gateway_ledger.application.delivery.maintenance import VerifyReport, verify_store
 from gateway_ledger.application.delivery.recovery_port import RecoverySweep, ResumableSessions
+from gateway_ledger.application.delivery.retention import (
+    DEFAULT_BATCH,
+    PruneReport,
+    prune_resolved,
+)
 from gateway_ledger.application.delivery.scheduling import Scheduler
 from gateway_ledger.application.privacy.erasure import (
     SESSION_PRIVACY,
@@ -59,10 +65,12 @@ from gateway_ledger.application.sessions.store import (
     SESSIONS_APPLICATION_NAME,
     SessionsApplication,
 )
+from gateway_ledger.domain.delivery.retention import Tombstone
 from gateway_ledger.domain.errors import InvalidInput
 from gateway_ledger.domain.privacy.hashing import KeyedHasher
 from gateway_ledger.domain.sessions.route import SessionKeying
 from gateway_ledger.domain.values import LedgerPolicy, OwnerIdentity
+from gateway_ledger.infrastructure.eventstore.archive import write_archive
 from gateway_ledger.infrastructure.eventstore.bulk_events import load_each
 from gateway_ledger.infrastructure.eventstore.group_commit import GroupCommitWriter
 from gateway_ledger.infrastructure.eventstore.library import ENCRYPT_ENV, PrivateEvents
@@ -77,6 +85,7 @@ from gateway_ledger.infrastructure.eventstore.release import (
     record_release,
     running_release,
 )
+from gateway_ledger.infrastructure.eventstore.retention import SqlRetention
 from gateway_ledger.infrastructure.eventstore.sql_dialect import dialect_for
 from gateway_ledger.infrastructure.eventstore.store import (
     is_concurrent_ddl,
@@ -268,6 +277,54 @@ class DeliveryLedger(PrivateEvents, delivery_ledger.DeliveryLedger):
 
     def construct_obligation_index(self) -> ObligationIndexView:
         return SqlObligationIndex(self)
+
+    # -- retention (ADR 0053) -------------------------------------------------------------
+
+    @property
+    def retention(self) -> SqlRetention:
+        return SqlRetention(self, [self.recoverable, self.obligation_index])
+
+    def was_pruned(self, obligation_id: str) -> bool:
+        return self.tombstone(obligation_id) is not None
+
+    def tombstone(self, obligation_id: str) -> Tombstone | None:
+        """What stays of a pruned obligation (None: not pruned)."""
+        return self.retention.tombstone(self.aggregate_id(obligation_id))
+
+    def prune(
+        self,
+        older_than: timedelta,
+        *,
+        archive: str | Path | None = None,
+        dry_run: bool = False,
+        batch_size: int = DEFAULT_BATCH,
+        limit: int | None = None,
+    ) -> PruneReport:
+        """Move resolved obligations whose last transition is older than ``older_than``
+        out of the store: their events to ``archive`` (default: ``<store>.archive.jsonl.gz``
+        beside an SQLite store; required on PostgreSQL), a tombstone in their place."""
+        if archive is None:
+            if store_path(self.env) is None:
+                raise InvalidInput("prune on PostgreSQL needs an archive file (--archive FILE)")
+            archive = f"{store_path(self.env)}.archive.jsonl.gz"
+        now = self.clock()
+
+        def catch_up() -> None:
+            self.recoverable.catch_up()
+            self.obligation_index.catch_up()
+
+        return prune_resolved(
+            self.retention,
+            write_archive,
+            cutoff=now - older_than,
+            now=now,
+            archive=str(archive),
+            release=running_release(),
+            catch_up=catch_up,
+            dry_run=dry_run,
+            batch_size=batch_size,
+            limit=limit,
+        )
 
 
 def open_ledger(
