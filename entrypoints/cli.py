@@ -37,6 +37,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "verify",
     "backup",  # with "restore"
     "prune",
+    "dead_letters",
 )
 
 DB_ENV = "GATEWAY_LEDGER_DB"

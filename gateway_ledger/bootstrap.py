@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import timedelta
 from pathlib import Path
@@ -31,12 +31,13 @@ from typing import Any
 from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError, Application
-from eventsourcing.persistence import PersistenceError, Transcoder
+from eventsourcing.persistence import PersistenceError, StoredEvent, Transcoder
 from eventsourcing.utils import Environment
 
 from gateway_ledger.application.clock import Clock, system_clock
 from gateway_ledger.application.delivery import gateway as delivery_gateway
 from gateway_ledger.application.delivery import ledger as delivery_ledger
+from gateway_ledger.application.delivery.dead_letters import dead_letter_status
 from gateway_ledger.application.delivery.gateway import (
     DEFAULT_COMMAND_PREFIXES,
     DEFAULT_LEDGER_DEADLINE,
@@ -48,6 +49,7 @@ from gateway_ledger.application.delivery.ledger_ports import (
     Loaded,
 )
 from gateway_ledger.application.delivery.maintenance import VerifyReport, verify_store
+from gateway_ledger.application.delivery.operations import Timeline, timeline_of
 from gateway_ledger.application.delivery.recovery_port import RecoverySweep, ResumableSessions
 from gateway_ledger.application.delivery.retention import (
     DEFAULT_BATCH,
@@ -66,11 +68,11 @@ from gateway_ledger.application.sessions.store import (
     SessionsApplication,
 )
 from gateway_ledger.domain.delivery.retention import Tombstone
-from gateway_ledger.domain.errors import InvalidInput
+from gateway_ledger.domain.errors import InvalidInput, NotFound
 from gateway_ledger.domain.privacy.hashing import KeyedHasher
 from gateway_ledger.domain.sessions.route import SessionKeying
 from gateway_ledger.domain.values import LedgerPolicy, OwnerIdentity
-from gateway_ledger.infrastructure.eventstore.archive import write_archive
+from gateway_ledger.infrastructure.eventstore.archive import archived_streams, write_archive
 from gateway_ledger.infrastructure.eventstore.bulk_events import load_each
 from gateway_ledger.infrastructure.eventstore.group_commit import GroupCommitWriter
 from gateway_ledger.infrastructure.eventstore.library import ENCRYPT_ENV, PrivateEvents
@@ -85,7 +87,7 @@ from gateway_ledger.infrastructure.eventstore.release import (
     record_release,
     running_release,
 )
-from gateway_ledger.infrastructure.eventstore.retention import SqlRetention
+from gateway_ledger.infrastructure.eventstore.retention import SqlDeadLetters, SqlRetention
 from gateway_ledger.infrastructure.eventstore.sql_dialect import dialect_for
 from gateway_ledger.infrastructure.eventstore.store import (
     is_concurrent_ddl,
@@ -299,10 +301,12 @@ class DeliveryLedger(PrivateEvents, delivery_ledger.DeliveryLedger):
         dry_run: bool = False,
         batch_size: int = DEFAULT_BATCH,
         limit: int | None = None,
+        reason: str | None = None,
     ) -> PruneReport:
         """Move resolved obligations whose last transition is older than ``older_than``
         out of the store: their events to ``archive`` (default: ``<store>.archive.jsonl.gz``
-        beside an SQLite store; required on PostgreSQL), a tombstone in their place."""
+        beside an SQLite store; required on PostgreSQL; ``""``: none), a tombstone in their
+        place. ``reason``: only dead letters abandoned for it."""
         if archive is None:
             if store_path(self.env) is None:
                 raise InvalidInput("prune on PostgreSQL needs an archive file (--archive FILE)")
@@ -324,6 +328,7 @@ class DeliveryLedger(PrivateEvents, delivery_ledger.DeliveryLedger):
             dry_run=dry_run,
             batch_size=batch_size,
             limit=limit,
+            reason=reason,
         )
 
 
@@ -648,3 +653,44 @@ def restore_store(backup: str | Path, location: str | Path, *, force: bool = Fal
     existing one unless ``force``); verify it next, then sweep."""
     require_sqlite_store(Path(str(backup)))
     return restore_sqlite(backup, location, overwrite=force)
+
+
+def archived_timeline(
+    ledger: DeliveryLedger, obligation_id: str, archive: str | Path, at: Any = None
+) -> Timeline:
+    """The timeline of a pruned obligation, from its archived events (decoded with the
+    store's keys: the archive keeps them sealed)."""
+    uuid = ledger.aggregate_id(obligation_id)
+    stream = archived_streams(archive).get(uuid)
+    if stream is None:
+        raise NotFound("obligation in the archive", obligation_id)
+    stored = [StoredEvent(uuid, v, topic, state) for v, topic, state in stream.events]
+    return timeline_of(obligation_id, ledger.private_mapper.to_domain_events(stored), at)
+
+
+def archived_events(
+    ledger: DeliveryLedger, archive: str | Path
+) -> Iterator[tuple[UUID, int, str, bytes]]:
+    """Every archived event as the audit replays it (the last copy of each stream); a
+    stream still in the store (archived by a prune that then kept it) is the store's."""
+    for stream in archived_streams(archive).values():
+        if ledger.recorder.select_events(stream.aggregate_id, limit=1):
+            continue
+        for version, topic, state in stream.events:
+            yield stream.aggregate_id, version, topic, state
+
+
+def dead_letters_of(ledger: DeliveryLedger) -> SqlDeadLetters:
+    return SqlDeadLetters(ledger.obligation_index)
+
+
+def retention_status(ledger: DeliveryLedger) -> dict[str, Any]:
+    """What ``status`` adds: the dead letters (count, oldest age) and, once anything was
+    pruned, the number of tombstones."""
+    found: dict[str, Any] = {
+        "dead_letters": dead_letter_status(dead_letters_of(ledger), ledger.clock())
+    }
+    pruned = ledger.retention.tombstone_count()
+    if pruned:
+        found["pruned"] = pruned
+    return found

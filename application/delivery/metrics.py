@@ -23,6 +23,9 @@ METRIC_NAMES = (
     f"{PREFIX}_event_log_position",
     f"{PREFIX}_projection_position",
     f"{PREFIX}_projection_lag_events",
+    f"{PREFIX}_dead_letters",
+    f"{PREFIX}_dead_letter_oldest_age_seconds",
+    f"{PREFIX}_pruned_obligations",
 )
 
 
@@ -90,3 +93,23 @@ def prometheus_text(stats: LedgerStats) -> str:
     for p in stats.projections:
         sample("projection_lag_events", p.lag, projection=p.name)
     return "\n".join(out) + "\n"
+
+
+def retention_text(dead_letters: int, oldest_age: float | None, pruned: int) -> str:
+    """The dead letters and the tombstones, in the same exposition (``metrics`` appends it)."""
+    return (
+        "\n".join(
+            [
+                f"# HELP {PREFIX}_dead_letters Replies abandoned or quarantined (dead letters).",
+                f"# TYPE {PREFIX}_dead_letters gauge",
+                f"{PREFIX}_dead_letters {dead_letters}",
+                f"# HELP {PREFIX}_dead_letter_oldest_age_seconds Age of the oldest dead letter.",
+                f"# TYPE {PREFIX}_dead_letter_oldest_age_seconds gauge",
+                f"{PREFIX}_dead_letter_oldest_age_seconds {_num(oldest_age)}",
+                f"# HELP {PREFIX}_pruned_obligations Resolved obligations pruned (tombstones).",
+                f"# TYPE {PREFIX}_pruned_obligations gauge",
+                f"{PREFIX}_pruned_obligations {pruned}",
+            ]
+        )
+        + "\n"
+    )

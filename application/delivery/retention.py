@@ -29,7 +29,13 @@ DEFAULT_BATCH = 500
 class RetentionStore(Protocol):
     def ensure(self) -> None: ...
     def candidates(
-        self, cutoff: datetime, limit: int, *, now: datetime, archive: str
+        self,
+        cutoff: datetime,
+        limit: int,
+        *,
+        now: datetime,
+        archive: str,
+        reason: str | None = None,
     ) -> list[Tombstone]: ...
     def streams(
         self, aggregate_ids: Sequence[UUID]
@@ -73,9 +79,12 @@ def prune_resolved(
     dry_run: bool = False,
     batch_size: int = DEFAULT_BATCH,
     limit: int | None = None,
+    reason: str | None = None,
 ) -> PruneReport:
     """Prune every resolved obligation whose last transition is before ``cutoff`` (at
-    most ``limit``); ``dry_run`` counts them and changes nothing."""
+    most ``limit``; only those abandoned for ``reason`` when given); ``dry_run`` counts
+    them and changes nothing. ``archive`` '' writes no archive: only the tombstones (the
+    audit facts) stay, as for dead letters past their retention."""
     if cutoff > now:
         raise InvalidInput("prune: the cut-off is in the future")
     if batch_size < 1:
@@ -90,7 +99,7 @@ def prune_resolved(
     budget = limit if limit is not None else 1 << 40
     while budget > 0:
         want = budget if dry_run else min(batch_size, budget)
-        found = store.candidates(cutoff, want + len(kept), now=now, archive=archive)
+        found = store.candidates(cutoff, want + len(kept), now=now, archive=archive, reason=reason)
         batch = [
             t
             for t in found
@@ -104,8 +113,10 @@ def prune_resolved(
             for t in batch:
                 by_state[t.state] = by_state.get(t.state, 0) + 1
             break
-        streams = store.streams([UUID(t.aggregate_id) for t in batch])
-        write_archive(archive, [(t, streams[UUID(t.aggregate_id)]) for t in batch], release=release)
+        if archive:
+            streams = store.streams([UUID(t.aggregate_id) for t in batch])
+            pairs = [(t, streams[UUID(t.aggregate_id)]) for t in batch]
+            write_archive(archive, pairs, release=release)
         removed, held = store.remove(batch)
         holds.append(held)
         batches += 1

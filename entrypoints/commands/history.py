@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from gateway_ledger import bootstrap
+from gateway_ledger.domain.errors import LedgerError, NotFound
 from gateway_ledger.entrypoints.console import (
     Subcommands,
     add_common,
@@ -24,6 +26,9 @@ def register(subparsers: Subcommands) -> None:
     parser.add_argument("obligation_id", metavar="ID")
     parser.add_argument(
         "--at", metavar="T", help="replay only to T (ISO 8601, or an age: 15m, 2h, 3d)"
+    )
+    parser.add_argument(
+        "--archive", metavar="FILE", help="read a pruned obligation from this archive (prune)"
     )
     add_common(parser)
     parser.set_defaults(handler=run)
@@ -64,7 +69,27 @@ def _facts(kind: str, f: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     at = parse_moment(args.at, name="--at") if args.at else None
     ledger = open_ledger(args.db)
-    timeline = ledger.timeline(args.obligation_id, at)
+    if args.archive:
+        timeline = bootstrap.archived_timeline(ledger, args.obligation_id, args.archive, at)
+    else:
+        try:
+            timeline = ledger.timeline(args.obligation_id, at)
+        except NotFound:
+            stone = ledger.tombstone(args.obligation_id)
+            if stone is None:
+                raise
+            where = (
+                f"read it with --archive {stone.archive}"
+                if stone.archive
+                else f"its events were not archived; it kept: {stone.send_attempts} send(s), "
+                f"error class {stone.error_class or '-'}, reason {stone.abandon_reason or '-'}, "
+                f"recorded {stone.recorded_at.isoformat()}, "
+                f"resolved {stone.resolved_at.isoformat()}"
+            )
+            raise LedgerError(
+                f"obligation {args.obligation_id} was {stone.state} and pruned at "
+                f"{stone.pruned_at.isoformat()}; {where}"
+            ) from None
     if args.json:
         print_json(timeline.to_dict())
         return 0

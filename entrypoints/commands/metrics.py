@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gateway_ledger.application.delivery.metrics import prometheus_text
+from gateway_ledger import bootstrap
+from gateway_ledger.application.delivery.metrics import prometheus_text, retention_text
 from gateway_ledger.entrypoints.console import Subcommands, add_common, open_ledger
 
 
@@ -19,5 +20,11 @@ def register(subparsers: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    sys.stdout.write(prometheus_text(open_ledger(args.db).stats()))
+    ledger = open_ledger(args.db)
+    sys.stdout.write(prometheus_text(ledger.stats()))
+    extra = bootstrap.retention_status(ledger)
+    dead = extra["dead_letters"]
+    sys.stdout.write(
+        retention_text(dead["count"], dead["oldest_age_seconds"], extra.get("pruned", 0))
+    )
     return 0

@@ -72,16 +72,16 @@ def stored_release(env: Mapping[str, str], sqlite_path: str | None) -> str | Non
         return None
     from gateway_ledger.infrastructure.eventstore.store import read_only_uri
 
-    conn = sqlite3.connect(read_only_uri(Path(sqlite_path)), uri=True)
+    lite = sqlite3.connect(read_only_uri(Path(sqlite_path)), uri=True)
     try:
-        found = conn.execute(
+        found = lite.execute(
             "SELECT name FROM sqlite_master WHERE type='table' AND name=?", (STORE_TABLE,)
         ).fetchone()
         if found is None:
             return None
-        row = conn.execute(f"SELECT value FROM {STORE_TABLE} WHERE name=?", (RELEASE,)).fetchone()
+        row = lite.execute(f"SELECT value FROM {STORE_TABLE} WHERE name=?", (RELEASE,)).fetchone()
     finally:
-        conn.close()
+        lite.close()
     return None if row is None else str(row[0])
 
 

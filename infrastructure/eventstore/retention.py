@@ -108,7 +108,13 @@ class SqlRetention:
     # -- reading ------------------------------------------------------------------------------
 
     def candidates(
-        self, cutoff: datetime, limit: int, *, now: datetime, archive: str
+        self,
+        cutoff: datetime,
+        limit: int,
+        *,
+        now: datetime,
+        archive: str,
+        reason: str | None = None,
     ) -> list[Tombstone]:
         """The tombstones of the obligations in a final state, readable, resolved before
         ``cutoff``, oldest first (from the obligation index, caught up by the caller)."""
@@ -119,9 +125,10 @@ class SqlRetention:
                 self.dialect.sql(
                     f"SELECT * FROM {self.index.table} WHERE state IN ({states}) "
                     "AND quarantine_reason IS NULL AND last_transition_at < ? "
-                    f"ORDER BY last_transition_at, aggregate_id LIMIT {int(limit)}"
+                    + ("AND abandon_reason = ? " if reason is not None else "")
+                    + f"ORDER BY last_transition_at, aggregate_id LIMIT {int(limit)}"
                 ),
-                (to_micros(cutoff),),
+                (to_micros(cutoff),) if reason is None else (to_micros(cutoff), reason),
             )
             rows = [dict(r) for r in c.fetchall()]
         return [
@@ -275,7 +282,7 @@ def _tombstone(row: dict[str, Any]) -> Tombstone:
     aggregate = row["aggregate_id"]
     return Tombstone(
         obligation_id=str(row["obligation_id"]),
-        aggregate_id=str(aggregate if isinstance(aggregate, UUID) else UUID(str(aggregate))),
+        aggregate_id=(aggregate if isinstance(aggregate, UUID) else UUID(str(aggregate))).hex,
         state=str(row["state"]),
         platform=str(row["platform"]),
         recorded_at=from_micros(row["recorded_at"]),
@@ -287,3 +294,55 @@ def _tombstone(row: dict[str, Any]) -> Tombstone:
         pruned_at=from_micros(row["pruned_at"]),
         archive=str(row["archive"]),
     )
+
+
+DEAD_STATES = ("abandoned", "quarantined")
+"""Dead letters: replies the ledger gave up on (abandoned) or cannot read (quarantined)."""
+
+
+class SqlDeadLetters:
+    """The dead letters, read from the obligation index (no history replay)."""
+
+    def __init__(self, index: Any) -> None:
+        self.index = index
+        self.dialect: SqlDialect = index.dialect
+
+    def rows(
+        self, *, reason: str | None = None, resolved_before: datetime | None = None
+    ) -> list[dict[str, Any]]:
+        """Each dead letter: id, state, reason, platform, times, attempts, error class."""
+        self.index.runner.ensure_tables()
+        where = [f"state IN ({', '.join(repr(s) for s in DEAD_STATES)})"]
+        params: list[Any] = []
+        if reason is not None:
+            where.append("COALESCE(abandon_reason, quarantine_reason) = ?")
+            params.append(reason)
+        if resolved_before is not None:
+            where.append("last_transition_at < ?")
+            params.append(to_micros(resolved_before))
+        with self.dialect.read_cursor() as c:
+            c.execute(
+                self.dialect.sql(
+                    "SELECT obligation_id, state, platform, send_attempts, claims, error_class, "
+                    "COALESCE(abandon_reason, quarantine_reason) AS reason, recorded_at, "
+                    f"last_transition_at FROM {self.index.table} WHERE {' AND '.join(where)} "
+                    "ORDER BY last_transition_at, obligation_id"
+                ),
+                tuple(params),
+            )
+            found = [dict(r) for r in c.fetchall()]
+        for row in found:
+            row["recorded_at"] = from_micros(row["recorded_at"])
+            row["last_transition_at"] = from_micros(row["last_transition_at"])
+        return found
+
+    def count_and_oldest(self) -> tuple[int, datetime | None]:
+        self.index.runner.ensure_tables()
+        with self.dialect.read_cursor() as c:
+            c.execute(
+                f"SELECT COUNT(*) AS n, MIN(last_transition_at) AS oldest FROM {self.index.table} "
+                f"WHERE state IN ({', '.join(repr(s) for s in DEAD_STATES)})"
+            )
+            row = c.fetchone()
+        n = int(row["n"] or 0)
+        return n, (from_micros(row["oldest"]) if n else None)
