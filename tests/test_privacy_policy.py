@@ -161,7 +161,7 @@ def write_every_event_type(ledger: DeliveryLedger, store: SessionStore) -> None:
         obligation_id="o-gone", session_key="agent:main:x:dm:gone", platform="x", chat_id="g",
         content="erased before the scan",
     )  # fmt: skip
-    ledger.forget_session("agent:main:x:dm:gone")  # SubjectErased
+    ledger.forget_session("agent:main:x:dm:gone")  # SubjectForgotten
 
 
 def flatten(value: Any) -> Iterator[str]:

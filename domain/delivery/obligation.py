@@ -335,9 +335,20 @@ class DeliveryObligation(Aggregate):
             obligation.last_transition_at = self.timestamp
 
     class Abandoned(Event):
+        """Given up on: a dead letter. Version 2 (0.2.0) carries ``error_class``, the class
+        of the last failed send when it was abandoned (None: none failed), an audit fact
+        a dead letter keeps after its retention; version 1 events are upcast with None,
+        since it was not recorded then (ADR 0055)."""
+
+        class_version = 2
         reason: str
         detail: str
         by: OwnerIdentity | None
+        error_class: str | None
+
+        @staticmethod
+        def upcast_v1_v2(state: dict[str, Any]) -> None:
+            state["error_class"] = None
 
         def apply(self, obligation: DeliveryObligation) -> None:
             obligation.state = ObligationState.ABANDONED
@@ -691,7 +702,14 @@ class DeliveryObligation(Aggregate):
             raise InvalidInput("detail must be a str")
         else:
             detail = cut_error(detail)  # a platform's or a sweep's words: kept, never refused
-        self.trigger_event(self.Abandoned, reason=reason.value, detail=detail, by=by, timestamp=now)
+        self.trigger_event(
+            self.Abandoned,
+            reason=reason.value,
+            detail=detail,
+            by=by,
+            error_class=None if self.error_class is None else self.error_class.value,
+            timestamp=now,
+        )
 
     def quarantine(
         self,

@@ -56,7 +56,7 @@ def _facts(kind: str, f: dict[str, Any]) -> str:
     if kind in ("Delivered", "PartDelivered"):
         facts.append(f"receipt={len(f.get('receipt') or [])} id(s)")
     if kind == "Abandoned":
-        facts.append(f"reason={f.get('reason')}")
+        facts.append(f"reason={f.get('reason')} class={f.get('error_class') or '-'}")
     if kind == "Quarantined":
         facts.append(f"reason={f.get('reason')} found_at=v{f.get('found_at')}")
     if kind == "RetryRequested":
