@@ -19,16 +19,19 @@ meanwhile against that writer's latency without a prune (the baseline, same run)
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import socket
 import sqlite3
 import statistics
 import tempfile
-import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
+from gateway_ledger.application.delivery.retention import DEFAULT_BATCH
 from gateway_ledger.bootstrap import DeliveryLedger
 from gateway_ledger.domain.values import OwnerIdentity
 from gateway_ledger.infrastructure.ownership.process_identity import boot_id
@@ -120,7 +123,7 @@ def steady_state(tmp: Path, days: int, per_day: int, orphan_count: int) -> list[
         for item in won:
             sweeper.mark_delivered(item["obligation_id"], receipt=["late"])
         clock.now += timedelta(hours=11)
-        report = sweeper.prune(RETENTION, archive=archive, batch_size=1000)
+        report = sweeper.prune(RETENTION, archive=archive)
         live = sweeper.obligation_index.count()
         sweeper.close()
         size = store_bytes(db)
@@ -149,27 +152,48 @@ def steady_state(tmp: Path, days: int, per_day: int, orphan_count: int) -> list[
     return rows
 
 
-def writer_latencies(db: Path, clock: Clock, stop: threading.Event, out: list[float]) -> None:
+def writer_process(db: str, stop: Any, out: Any) -> None:
+    """Another process recording replies one at a time, as a gateway does, timing each."""
+    clock = Clock()
+    clock.now = T0 + timedelta(days=30)
     ledger = DeliveryLedger.open(db, owner=dead_owner(5), clock=clock)
+    latencies = []
     n = 0
     try:
         while not stop.is_set():
             started = time.perf_counter()
             ledger.record_obligation(
-                obligation_id=f"live-{os.getpid()}-{n:08d}-{time.monotonic_ns()}",
+                obligation_id=f"live-{os.getpid()}-{n:08d}",
                 session_key="agent:main:telegram:dm:7",
                 platform="telegram",
                 chat_id="7",
                 content="meanwhile",
             )
-            out.append(time.perf_counter() - started)
+            latencies.append(time.perf_counter() - started)
             n += 1
             time.sleep(0.002)
     finally:
         ledger.close()
+        out.put(latencies)
 
 
-def big_prune(tmp: Path, big: int) -> dict[str, float]:
+def with_writer(db: Path, action: Callable[[], None]) -> list[float]:
+    """The latencies of a writer process recording replies while ``action`` runs."""
+    stop = multiprocessing.Event()
+    out: Any = multiprocessing.Queue()
+    process = multiprocessing.Process(target=writer_process, args=(str(db), stop, out))
+    process.start()
+    time.sleep(1.0)  # the writer is open and writing
+    try:
+        action()
+    finally:
+        stop.set()
+    latencies: list[float] = out.get(timeout=60)
+    process.join(timeout=60)
+    return latencies
+
+
+def big_prune(tmp: Path, big: int, batch: int) -> dict[str, float]:
     db = tmp / "big.db"
     clock = Clock()
     ledger = DeliveryLedger.open(db, owner=dead_owner(3), clock=clock)
@@ -178,24 +202,13 @@ def big_prune(tmp: Path, big: int) -> dict[str, float]:
     ledger.recoverable.catch_up()
     ledger.close()
     clock.now = T0 + timedelta(days=30)
-
-    def with_writer(action: object) -> list[float]:
-        stop = threading.Event()
-        out: list[float] = []
-        thread = threading.Thread(target=writer_latencies, args=(db, clock, stop, out))
-        thread.start()
-        try:
-            if callable(action):
-                action()
-        finally:
-            stop.set()
-            thread.join()
-        return out
-
-    baseline = with_writer(lambda: time.sleep(3.0))
+    baseline = with_writer(db, lambda: time.sleep(5.0))
     pruner = DeliveryLedger.open(db, owner=dead_owner(4), clock=clock)
     reports = []
-    during = with_writer(lambda: reports.append(pruner.prune(RETENTION, archive=tmp / "big.gz")))
+    during = with_writer(
+        db,
+        lambda: reports.append(pruner.prune(RETENTION, archive=tmp / "big.gz", batch_size=batch)),
+    )
     pruner.close()
     report = reports[0]
     return {
@@ -219,6 +232,7 @@ def main() -> None:
     parser.add_argument("--per-day", type=int, default=5000)
     parser.add_argument("--orphans", type=int, default=50)
     parser.add_argument("--big", type=int, default=100_000)
+    parser.add_argument("--batch", type=int, default=DEFAULT_BATCH, help="prune batch size")
     parser.add_argument("--quick", action="store_true", help="10 days of 500, big 5,000")
     args = parser.parse_args()
     if args.quick:
@@ -244,9 +258,10 @@ def main() -> None:
             f" max {max(sweeps):.1f} ms; prune per day median "
             f"{statistics.median(r['prune_s'] for r in rows[7:] or rows):.2f} s"
         )
-        b = big_prune(Path(tmp), args.big)
+        b = big_prune(Path(tmp), args.big, args.batch)
         print(
-            f"prune of {b['pruned']:,} obligations: {b['batches']} batches in {b['prune_s']:.1f} s;"
+            f"prune of {b['pruned']:,} obligations: {b['batches']} batches of {args.batch} in "
+            f"{b['prune_s']:.1f} s;"
             f" writers held {b['mean_hold_ms']:.1f} ms per batch on average, "
             f"{b['max_hold_ms']:.1f} ms at most"
         )

@@ -56,7 +56,7 @@ def test_every_topic_in_the_golden_stores_is_a_pinned_one() -> None:
 
 def test_a_renamed_class_resolves_its_former_topic_and_is_written_under_its_new_one() -> None:
     former = "gateway_ledger.domain.erasure:Erasure.SubjectErased"
-    assert TOPIC_ALIASES == {former: Erasure.SubjectForgotten}
+    assert {former: Erasure.SubjectForgotten} == TOPIC_ALIASES
     assert resolve_topic(former) is Erasure.SubjectForgotten
     assert get_topic(Erasure.SubjectForgotten) == (
         "gateway_ledger.domain.erasure:Erasure.SubjectForgotten"

@@ -23,7 +23,8 @@ from gateway_ledger.domain.errors import InvalidInput
 
 log = logging.getLogger("gateway_ledger.retention")
 
-DEFAULT_BATCH = 500
+DEFAULT_BATCH = 100
+"""Obligations per prune transaction: writers wait at most one batch (a few tens of ms)."""
 
 
 class RetentionStore(Protocol):

@@ -34,7 +34,7 @@ def register(subparsers: Subcommands) -> None:
         metavar="FILE",
         help="archive file to append to (default beside an SQLite store: DB.archive.jsonl.gz)",
     )
-    parser.add_argument("--batch", type=int, default=500, help="obligations per transaction")
+    parser.add_argument("--batch", type=int, default=100, help="obligations per transaction")
     add_common(parser)
     parser.set_defaults(handler=run)
 

@@ -204,29 +204,33 @@ class SqlRetention:
             positions = [self._position(c, view) for view in self.views]
             applied = min(positions) if positions else 0
             newest = self._newest(c)
+            ends = self._stream_ends(c, [UUID(t.aggregate_id) for t in tombstones])
             for stone in tombstones:
-                aggregate = UUID(stone.aggregate_id)
-                last, top = self._stream_end(c, aggregate)
+                last, top = ends.get(UUID(stone.aggregate_id), (0, 0))
                 if last != stone.events or top > applied or top >= newest:
                     continue  # changed, not yet in a view, or holding the newest rowid
-                key = self.key(aggregate)
+                removed.append(stone)
+            if removed:
+                keys = [self.key(UUID(t.aggregate_id)) for t in removed]
+                marks = ", ".join("?" * len(removed))
                 c.execute(
-                    self.dialect.sql(f"DELETE FROM {self.events} WHERE originator_id = ?"),
-                    (key,),
+                    self.dialect.sql(f"DELETE FROM {self.events} WHERE originator_id IN ({marks})"),
+                    keys,
                 )
                 for view in self.views:
                     c.execute(
-                        self.dialect.sql(f"DELETE FROM {view.table} WHERE aggregate_id = ?"),
-                        (stone.aggregate_id,),
+                        self.dialect.sql(
+                            f"DELETE FROM {view.table} WHERE aggregate_id IN ({marks})"
+                        ),
+                        [t.aggregate_id for t in removed],
                     )
-                c.execute(
+                c.executemany(
                     self.dialect.sql(
                         f"INSERT INTO {self.tombstones} ({', '.join(COLUMNS)}) "
                         f"VALUES ({', '.join('?' * len(COLUMNS))})"
                     ),
-                    (key, *_row(stone)[1:]),
+                    [(key, *_row(t)[1:]) for key, t in zip(keys, removed, strict=True)],
                 )
-                removed.append(stone)
         return removed, time.perf_counter() - started
 
     def _position(self, c: Cursor, view: Any) -> int:
@@ -249,16 +253,24 @@ class SqlRetention:
         c.execute(f"SELECT MAX(rowid) AS n FROM {self.events}")
         return int(c.fetchone()["n"] or 0)
 
-    def _stream_end(self, c: Cursor, aggregate: UUID) -> tuple[int, int]:
+    def _stream_ends(self, c: Cursor, aggregates: Sequence[UUID]) -> dict[UUID, tuple[int, int]]:
+        """Each stream's last version and the notification id of its last event."""
+        if not aggregates:
+            return {}
+        marks = ", ".join("?" * len(aggregates))
         c.execute(
             self.dialect.sql(
-                f"SELECT MAX(originator_version) AS v, MAX({self._nid()}) AS n "
-                f"FROM {self.events} WHERE originator_id = ?"
+                f"SELECT originator_id, MAX(originator_version) AS v, MAX({self._nid()}) AS n "
+                f"FROM {self.events} WHERE originator_id IN ({marks}) GROUP BY originator_id"
             ),
-            (self.key(aggregate),),
+            [self.key(a) for a in aggregates],
         )
-        row = c.fetchone()
-        return int(row["v"] or 0), int(row["n"] or 0)
+        ends = {}
+        for row in c.fetchall():
+            oid = row["originator_id"]
+            uuid = oid if isinstance(oid, UUID) else UUID(str(oid))
+            ends[uuid] = (int(row["v"] or 0), int(row["n"] or 0))
+        return ends
 
 
 def _row(stone: Tombstone) -> tuple[Any, ...]:
