@@ -479,6 +479,7 @@ _HANDLERS: dict[type[Event], Handler] = {
     DeliveryObligation.Attempting: DuplicateAuditor.on_attempting,
     DeliveryObligation.Claimed: DuplicateAuditor.on_claimed,
     DeliveryObligation.RetryRequested: DuplicateAuditor.on_retry_requested,
+    DeliveryObligation.DeadLetterRetried: DuplicateAuditor.on_retry_requested,
     DeliveryObligation.Delivered: DuplicateAuditor.on_delivered,
     DeliveryObligation.PartDelivered: DuplicateAuditor.on_part_delivered,
     DeliveryObligation.Failed: DuplicateAuditor.on_failed,

@@ -7,11 +7,17 @@ tombstone: ids, error class, attempts, times) and drops their content.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 import attrs
+
+from gateway_ledger.application.delivery.ledger_ports import LedgerPort
+from gateway_ledger.application.delivery.views import ObligationStatus
+
+log = logging.getLogger("gateway_ledger.dead_letters")
 
 AGE_BUCKETS: tuple[tuple[str, timedelta], ...] = (
     ("<1h", timedelta(hours=1)),
@@ -83,3 +89,17 @@ def dead_letter_status(dead: DeadLetterRows, now: datetime) -> dict[str, Any]:
         "count": count,
         "oldest_age_seconds": None if oldest is None else max(0.0, (now - oldest).total_seconds()),
     }
+
+
+def retry_dead_letter(ledger: LedgerPort, obligation_id: str, by_operator: str) -> ObligationStatus:
+    """Append ``DeadLetterRetried``: the abandoned reply is owed again and the next sweep
+    of any gateway sends it (refused on anything but a readable abandoned one)."""
+    obligation = ledger.change(
+        obligation_id,
+        "dead letter retried",
+        lambda o: o.retry_dead_letter(
+            by=ledger.owner, now=ledger.clock(), requested_by=by_operator
+        ),
+    )
+    log.info("dead letter %s retried on the record (fence %d)", obligation_id, obligation.fence)
+    return ObligationStatus.of(obligation)

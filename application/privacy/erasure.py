@@ -98,6 +98,18 @@ DELIVERY_PRIVACY = PrivacyPolicy(
         ("by", "previous_owner", "recovery_attempt", "needs_marker", "fence"),
     ),
     InClear(DeliveryObligation.RetryRequested, ("by", "previous_owner", "requested_by", "fence")),
+    InClear(
+        DeliveryObligation.DeadLetterRetried,
+        (
+            "by",
+            "previous_owner",
+            "requested_by",
+            "fence",
+            "obligation_id",
+            "platform",
+            "recorded_at",
+        ),
+    ),
     SealedEvent(DeliveryObligation.Abandoned, ("detail",), clear=("reason", "by", "error_class")),
     InClear(
         DeliveryObligation.Quarantined, ("by", "previous_owner", "reason", "found_at", "fence")

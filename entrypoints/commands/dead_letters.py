@@ -4,15 +4,16 @@ Dead letters are the replies the ledger gave up on (abandoned) or cannot read
 (quarantined). The list groups them by state, reason, platform and age; ``show`` is one
 of them with its history; ``prune`` drops the content of those abandoned for a reason,
 older than an age, and keeps their audit facts (a tombstone: ids, error class, attempts,
-times). An operator's retry of one that is not final is ``gateway-ledger retry``.
+times); ``retry ID --by NAME`` sends an abandoned one again, on the record.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 
 from gateway_ledger import bootstrap
-from gateway_ledger.application.delivery.dead_letters import dead_letter_groups
+from gateway_ledger.application.delivery.dead_letters import dead_letter_groups, retry_dead_letter
 from gateway_ledger.entrypoints.console import (
     Subcommands,
     add_common,
@@ -20,13 +21,14 @@ from gateway_ledger.entrypoints.console import (
     parse_age,
     print_json,
     table,
+    usage_error,
 )
 
 
 def register(subparsers: Subcommands) -> None:
     parser = subparsers.add_parser(
         "dead-letters",
-        help="abandoned and quarantined replies by reason, platform and age; show, prune",
+        help="abandoned and quarantined replies by reason, platform and age; show, retry, prune",
     )
     add_common(parser)
     parser.set_defaults(handler=run_list)
@@ -39,6 +41,18 @@ def register(subparsers: Subcommands) -> None:
     show.add_argument("obligation_id", metavar="ID")
     add_common(show)
     show.set_defaults(handler=run_show)
+    retry = nested.add_parser(
+        "retry",
+        help="send an abandoned reply again, on the record (by whom)",
+        description="Appends DeadLetterRetried: owed again, the operator its owner; any "
+        "gateway's next sweep sends it (labelled if an earlier send may have arrived).",
+    )
+    retry.add_argument("obligation_id", metavar="ID")
+    retry.add_argument(
+        "--by", default=os.environ.get("USER", ""), help="operator name kept in the event"
+    )
+    add_common(retry)
+    retry.set_defaults(handler=run_retry)
     prune = nested.add_parser(
         "prune",
         help="drop the content of dead letters abandoned for REASON older than AGE",
@@ -110,6 +124,24 @@ def run_show(args: argparse.Namespace) -> int:
     args.at = None
     args.archive = None
     return history.run(args)
+
+
+def run_retry(args: argparse.Namespace) -> int:
+    if not args.by.strip():
+        raise usage_error("dead-letters retry needs --by NAME (who asked, on the record)")
+    ledger = open_ledger(args.db, writing=True)
+    try:
+        status = retry_dead_letter(ledger, args.obligation_id, args.by)
+    finally:
+        ledger.close()
+    if args.json:
+        print_json(status.to_dict())
+        return 0
+    print(
+        f"dead letter {args.obligation_id} retried by {args.by}: {status.state}, the next "
+        "sweep of any gateway sends it"
+    )
+    return 0
 
 
 def run_prune(args: argparse.Namespace) -> int:

@@ -59,7 +59,7 @@ def _facts(kind: str, f: dict[str, Any]) -> str:
         facts.append(f"reason={f.get('reason')} class={f.get('error_class') or '-'}")
     if kind == "Quarantined":
         facts.append(f"reason={f.get('reason')} found_at=v{f.get('found_at')}")
-    if kind == "RetryRequested":
+    if kind in ("RetryRequested", "DeadLetterRetried"):
         facts.append(f"by operator {f.get('requested_by') or '?'}")
     if kind == "Recorded":
         facts.append(f"platform={f['target'].platform}")
