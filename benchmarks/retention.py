@@ -107,7 +107,9 @@ def store_bytes(db: Path) -> int:
     return sum(Path(f"{db}{s}").stat().st_size for s in ("", "-wal") if Path(f"{db}{s}").exists())
 
 
-def steady_state(tmp: Path, days: int, per_day: int, orphan_count: int) -> list[dict[str, float]]:
+def steady_state(
+    tmp: Path, days: int, per_day: int, orphan_count: int, tombstone_days: int = 0
+) -> list[dict[str, float]]:
     db = tmp / "steady.db"
     archive = tmp / "steady.archive.jsonl.gz"
     clock = Clock()
@@ -127,7 +129,11 @@ def steady_state(tmp: Path, days: int, per_day: int, orphan_count: int) -> list[
         for item in won:
             sweeper.mark_delivered(item["obligation_id"], receipt=["late"])
         clock.now += timedelta(hours=11)
-        report = sweeper.prune(RETENTION, archive=archive)
+        report = sweeper.prune(
+            RETENTION,
+            archive=archive,
+            forget_tombstones_older_than=timedelta(days=tombstone_days) if tombstone_days else None,
+        )
         live = sweeper.obligation_index.count()
         sweeper.close()
         size = store_bytes(db)
@@ -237,6 +243,13 @@ def main() -> None:
     parser.add_argument("--orphans", type=int, default=50)
     parser.add_argument("--big", type=int, default=100_000)
     parser.add_argument("--batch", type=int, default=DEFAULT_BATCH, help="prune batch size")
+    parser.add_argument(
+        "--tombstone-days",
+        type=int,
+        default=0,
+        help="forget tombstones pruned longer ago than this (0: keep them)",
+    )
+    parser.add_argument("--skip-big", action="store_true", help="only the steady state")
     parser.add_argument("--quick", action="store_true", help="10 days of 500, big 5,000")
     args = parser.parse_args()
     if args.quick:
@@ -245,9 +258,10 @@ def main() -> None:
         total = args.days * args.per_day
         print(
             f"steady state: {args.days} days x {args.per_day} lifecycles = {total:,}, "
-            f"retention {RETENTION.days} days, pruned daily"
+            f"retention {RETENTION.days} days, pruned daily, tombstones kept "
+            + (f"{args.tombstone_days} days" if args.tombstone_days else "forever")
         )
-        rows = steady_state(Path(tmp), args.days, args.per_day, args.orphans)
+        rows = steady_state(Path(tmp), args.days, args.per_day, args.orphans, args.tombstone_days)
         base = rows[min(7, len(rows) - 1)]
         last = rows[-1]
         print(
@@ -262,6 +276,8 @@ def main() -> None:
             f" max {max(sweeps):.1f} ms; prune per day median "
             f"{statistics.median(r['prune_s'] for r in rows[7:] or rows):.2f} s"
         )
+        if args.skip_big:
+            return
         b = big_prune(Path(tmp), args.big, args.batch)
         print(
             f"prune of {b['pruned']:,} obligations: {b['batches']} batches of {args.batch} in "

@@ -302,11 +302,13 @@ class DeliveryLedger(PrivateEvents, delivery_ledger.DeliveryLedger):
         batch_size: int = DEFAULT_BATCH,
         limit: int | None = None,
         reason: str | None = None,
+        forget_tombstones_older_than: timedelta | None = None,
     ) -> PruneReport:
         """Move resolved obligations whose last transition is older than ``older_than``
         out of the store: their events to ``archive`` (default: ``<store>.archive.jsonl.gz``
         beside an SQLite store; required on PostgreSQL; ``""``: none), a tombstone in their
-        place. ``reason``: only dead letters abandoned for it."""
+        place. ``reason``: only dead letters abandoned for it. Tombstones older than
+        ``forget_tombstones_older_than`` go too (their ids then count as new)."""
         if archive is None:
             if store_path(self.env) is None:
                 raise InvalidInput("prune on PostgreSQL needs an archive file (--archive FILE)")
@@ -329,6 +331,9 @@ class DeliveryLedger(PrivateEvents, delivery_ledger.DeliveryLedger):
             batch_size=batch_size,
             limit=limit,
             reason=reason,
+            forget_tombstones_before=(
+                None if forget_tombstones_older_than is None else now - forget_tombstones_older_than
+            ),
         )
 
 

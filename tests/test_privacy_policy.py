@@ -26,6 +26,7 @@ from eventsourcing.utils import get_topic, resolve_topic
 from privacy_support import store_bytes
 
 import gateway_ledger.domain
+from gateway_ledger.application.delivery.dead_letters import retry_dead_letter
 from gateway_ledger.application.privacy.erasure import DELIVERY_PRIVACY, SESSION_PRIVACY
 from gateway_ledger.bootstrap import DeliveryLedger, SessionStore
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation
@@ -149,6 +150,7 @@ def write_every_event_type(ledger: DeliveryLedger, store: SessionStore) -> None:
         obligation_id="o-dropped", session_key=key, platform="telegram", chat_id="c", content="x"
     )
     ledger.abandon("o-dropped", "operator", "abandon-detail-PII-4711")
+    retry_dead_letter(ledger, "o-dropped", "ops")  # DeadLetterRetried
     ledger.record_obligation(
         obligation_id="o-rotten", session_key=key, platform="telegram", chat_id="c", content="y"
     )

@@ -213,3 +213,27 @@ def test_prune_on_postgres_needs_an_archive(pg_url: str) -> None:
             ledger.prune(timedelta(0))
     finally:
         ledger.close()
+
+
+def test_old_tombstones_can_be_forgotten(store_location: str, tmp_path: Path) -> None:
+    clock = Clock()
+    ledger = DeliveryLedger.open(store_location, clock=clock, owner=owner(9_200_004))
+    archive = str(tmp_path / "a.jsonl.gz")
+    for n in range(3):
+        record(ledger, f"t-{n}")
+        ledger.mark_attempting(f"t-{n}")
+        ledger.mark_delivered(f"t-{n}")
+    record(ledger, "newest")
+    clock.now = T0 + timedelta(days=10)
+    assert ledger.prune(timedelta(days=7), archive=archive).pruned == 3
+    clock.now = T0 + timedelta(days=20)
+    kept = ledger.prune(
+        timedelta(days=7), archive=archive, forget_tombstones_older_than=timedelta(days=30)
+    )
+    assert kept.tombstones_forgotten == 0 and ledger.was_pruned("t-0")
+    clock.now = T0 + timedelta(days=50)
+    gone = ledger.prune(
+        timedelta(days=7), archive=archive, forget_tombstones_older_than=timedelta(days=30)
+    )
+    assert gone.tombstones_forgotten == 3 and not ledger.was_pruned("t-0")
+    ledger.close()

@@ -42,6 +42,7 @@ class RetentionStore(Protocol):
         self, aggregate_ids: Sequence[UUID]
     ) -> dict[UUID, list[tuple[int, str, bytes]]]: ...
     def remove(self, tombstones: Sequence[Tombstone]) -> tuple[list[Tombstone], float]: ...
+    def forget_tombstones(self, pruned_before: datetime) -> int: ...
 
 
 ArchiveWriter = Callable[..., None]
@@ -61,6 +62,7 @@ class PruneReport:
     total_hold_seconds: float
     elapsed_seconds: float
     by_state: dict[str, int]
+    tombstones_forgotten: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         data = attrs.asdict(self)
@@ -81,11 +83,14 @@ def prune_resolved(
     batch_size: int = DEFAULT_BATCH,
     limit: int | None = None,
     reason: str | None = None,
+    forget_tombstones_before: datetime | None = None,
 ) -> PruneReport:
     """Prune every resolved obligation whose last transition is before ``cutoff`` (at
     most ``limit``; only those abandoned for ``reason`` when given); ``dry_run`` counts
     them and changes nothing. ``archive`` '' writes no archive: only the tombstones (the
-    audit facts) stay, as for dead letters past their retention."""
+    audit facts) stay, as for dead letters past their retention. Tombstones of
+    obligations pruned before ``forget_tombstones_before`` are deleted too (their ids may
+    then be recorded again as new)."""
     if cutoff > now:
         raise InvalidInput("prune: the cut-off is in the future")
     if batch_size < 1:
@@ -129,6 +134,9 @@ def prune_resolved(
         budget -= len(batch)
         if len(removed) < len(batch):
             catch_up()  # a view behind, or a stream that moved: let the views see it
+    forgotten = 0
+    if forget_tombstones_before is not None and not dry_run:
+        forgotten = store.forget_tombstones(forget_tombstones_before)
     report = PruneReport(
         cutoff=cutoff,
         dry_run=dry_run,
@@ -141,6 +149,7 @@ def prune_resolved(
         total_hold_seconds=round(sum(holds), 6),
         elapsed_seconds=round(time.perf_counter() - started, 3),
         by_state=by_state,
+        tombstones_forgotten=forgotten,
     )
     log.info(
         "prune before %s: %d pruned (%s), %d kept (changed meanwhile), %d batches, "

@@ -34,6 +34,11 @@ def register(subparsers: Subcommands) -> None:
         metavar="FILE",
         help="archive file to append to (default beside an SQLite store: DB.archive.jsonl.gz)",
     )
+    parser.add_argument(
+        "--forget-tombstones-older-than",
+        metavar="AGE",
+        help="also delete tombstones of obligations pruned longer ago (their ids count as new)",
+    )
     parser.add_argument("--batch", type=int, default=100, help="obligations per transaction")
     add_common(parser)
     parser.set_defaults(handler=run)
@@ -45,8 +50,15 @@ def run(args: argparse.Namespace) -> int:
         raise usage_error("--batch must be 1 or more")
     ledger = open_ledger(args.db, writing=not args.dry_run)
     try:
+        forget = args.forget_tombstones_older_than
         report = ledger.prune(
-            age, archive=args.archive, dry_run=args.dry_run, batch_size=args.batch
+            age,
+            archive=args.archive,
+            dry_run=args.dry_run,
+            batch_size=args.batch,
+            forget_tombstones_older_than=(
+                None if forget is None else parse_age(forget, name="--forget-tombstones-older-than")
+            ),
         )
     finally:
         ledger.close()
@@ -65,4 +77,6 @@ def run(args: argparse.Namespace) -> int:
         f"  {report.batches} batches, writers held at most {report.max_hold_seconds * 1000:.1f} ms"
         f" per batch; {report.kept_changed} kept (changed meanwhile, or the newest event)"
     )
+    if report.tombstones_forgotten:
+        print(f"  {report.tombstones_forgotten} old tombstones deleted")
     return 0

@@ -172,6 +172,25 @@ class SqlRetention:
                 )
         return found
 
+    def forget_tombstones(self, pruned_before: datetime) -> int:
+        """Delete the tombstones of obligations pruned before ``pruned_before``: their ids
+        may then be recorded again as new. Returns how many went."""
+        if not self.exists():
+            return 0
+        moment = (to_micros(pruned_before),)
+        with self.dialect.write_transaction() as c:
+            c.execute(
+                self.dialect.sql(
+                    f"SELECT COUNT(*) AS n FROM {self.tombstones} WHERE pruned_at < ?"
+                ),
+                moment,
+            )
+            found = int(c.fetchone()["n"])
+            c.execute(
+                self.dialect.sql(f"DELETE FROM {self.tombstones} WHERE pruned_at < ?"), moment
+            )
+        return found
+
     def tombstone_count(self) -> int:
         if not self.exists():
             return 0
