@@ -369,9 +369,13 @@ def open_ledger(
             lease=lease,
             check_key=check_key,
         )
+        try:  # under the creation lock: several first opens must not race on its table
+            if note_release:
+                record_release(dialect_for(ledger.recorder), running_release())
+        except BaseException:
+            ledger.close()
+            raise
     try:
-        if note_release:
-            record_release(dialect_for(ledger.recorder), running_release())
         return ledger.start()
     except BaseException:
         ledger.close()
