@@ -76,6 +76,7 @@ FAST_TESTS = [
     "tests/test_session_policy.py",
     "tests/test_session_keys.py",
     "tests/test_domain_values.py",
+    "tests/test_retention_rule.py",
     "tests/test_session_aggregates.py",
     "tests/test_obligation_stateful.py",
 ]
