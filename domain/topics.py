@@ -15,7 +15,7 @@ fails there, not in a store.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 from eventsourcing import utils as library_utils
@@ -26,6 +26,10 @@ T = TypeVar("T", bound=type)
 
 STORED_AGGREGATES: dict[type, str] = {}
 """Every aggregate class declared with ``@stored_as``, and the module it is stored under."""
+
+TOPIC_ALIASES: dict[str, type] = {}
+"""Topics an event class was stored under before it was renamed (``formerly``): old events
+resolve to the renamed class; new ones are written under its new topic."""
 
 
 def stored_classes(aggregate: type) -> list[type]:
@@ -40,8 +44,14 @@ def stored_classes(aggregate: type) -> list[type]:
     return [aggregate, *nested]
 
 
-def stored_as(module: str) -> Callable[[T], T]:
-    """Class decorator: write and resolve the aggregate and its events under ``module``."""
+def stored_as(
+    module: str, *, formerly: Mapping[str, Sequence[str]] | None = None
+) -> Callable[[T], T]:
+    """Class decorator: write and resolve the aggregate and its events under ``module``.
+
+    ``formerly``: for an event class that was renamed, its name (nested in the aggregate)
+    -> the names it had; events stored under those still resolve to it (ADR 0055).
+    """
 
     def pin(aggregate: T) -> T:
         STORED_AGGREGATES[aggregate] = module
@@ -49,6 +59,17 @@ def stored_as(module: str) -> Callable[[T], T]:
             topic = f"{module}:{cls.__qualname__}"
             register_topic(topic, cls)
             library_utils._type_cache[cls] = topic
+        for name, old_names in (formerly or {}).items():
+            renamed = getattr(aggregate, name)
+            for old in old_names:
+                alias = f"{module}:{aggregate.__qualname__}.{old}"
+                register_topic(alias, renamed)
+                TOPIC_ALIASES[alias] = renamed
         return aggregate
 
     return pin
+
+
+def topics_of(cls: type) -> list[str]:
+    """Every topic events of ``cls`` are stored under: its own, then its former ones."""
+    return [library_utils.get_topic(cls), *(t for t, c in TOPIC_ALIASES.items() if c is cls)]

@@ -43,6 +43,10 @@ COMMAND_MODULES: tuple[str, ...] = (
     "sessions",  # with its "forget" subcommand (commands/forget.py)
     "metrics",
     "importing",  # "import hermes PATH"
+    "verify",
+    "backup",  # with "restore"
+    "prune",
+    "dead_letters",
 )
 
 DB_ENV = "GATEWAY_LEDGER_DB"

@@ -65,6 +65,18 @@ def parse_moment(text: str, *, name: str) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
+def parse_age(text: str, *, name: str) -> timedelta:
+    """An age such as ``0s``, ``90s``, ``15m``, ``2h``, ``30d``."""
+    match = _RELATIVE.match(text.strip())
+    if not match:
+        raise usage_error(f"{name}: {text!r} is not an age like 0s, 15m, 2h, 30d")
+    amount, unit = float(match.group(1)), _UNITS[match.group(2)]
+    try:
+        return timedelta(**{unit: amount})
+    except OverflowError:
+        raise usage_error(f"{name}: {text!r} is too long an age") from None
+
+
 def print_json(data: Any) -> None:
     sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2, default=str).decode() + "\n")
 

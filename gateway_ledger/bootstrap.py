@@ -23,19 +23,21 @@ from __future__ import annotations
 import os
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError, Application
-from eventsourcing.persistence import PersistenceError, Transcoder
+from eventsourcing.persistence import PersistenceError, StoredEvent, Transcoder
 from eventsourcing.utils import Environment
 
 from gateway_ledger.application.clock import Clock, system_clock
 from gateway_ledger.application.delivery import gateway as delivery_gateway
 from gateway_ledger.application.delivery import ledger as delivery_ledger
+from gateway_ledger.application.delivery.dead_letters import dead_letter_status
 from gateway_ledger.application.delivery.gateway import (
     DEFAULT_COMMAND_PREFIXES,
     DEFAULT_LEDGER_DEADLINE,
@@ -47,7 +49,14 @@ from gateway_ledger.application.delivery.ledger_ports import (
     LivenessPolicy,
     Loaded,
 )
+from gateway_ledger.application.delivery.maintenance import VerifyReport, verify_store
+from gateway_ledger.application.delivery.operations import Timeline, timeline_of
 from gateway_ledger.application.delivery.recovery_port import RecoverySweep, ResumableSessions
+from gateway_ledger.application.delivery.retention import (
+    DEFAULT_BATCH,
+    PruneReport,
+    prune_resolved,
+)
 from gateway_ledger.application.delivery.scheduling import Scheduler
 from gateway_ledger.application.privacy.erasure import (
     SESSION_PRIVACY,
@@ -59,17 +68,34 @@ from gateway_ledger.application.sessions.store import (
     SESSIONS_APPLICATION_NAME,
     SessionsApplication,
 )
-from gateway_ledger.domain.errors import InvalidInput
+from gateway_ledger.domain.delivery.retention import Tombstone
+from gateway_ledger.domain.errors import InvalidInput, NotFound
 from gateway_ledger.domain.privacy.hashing import KeyedHasher
 from gateway_ledger.domain.sessions.route import SessionKeying
 from gateway_ledger.domain.values import LedgerPolicy, OwnerIdentity
+from gateway_ledger.infrastructure.eventstore.archive import archived_streams, write_archive
 from gateway_ledger.infrastructure.eventstore.bulk_events import load_each
 from gateway_ledger.infrastructure.eventstore.group_commit import GroupCommitWriter
 from gateway_ledger.infrastructure.eventstore.library import ENCRYPT_ENV, PrivateEvents
+from gateway_ledger.infrastructure.eventstore.maintenance import (
+    StoreChecks,
+    backup_sqlite,
+    copy_companions,
+    restore_sqlite,
+)
+from gateway_ledger.infrastructure.eventstore.release import (
+    checked_environment,
+    record_release,
+    running_release,
+)
+from gateway_ledger.infrastructure.eventstore.retention import SqlDeadLetters, SqlRetention
+from gateway_ledger.infrastructure.eventstore.sql_dialect import dialect_for
 from gateway_ledger.infrastructure.eventstore.store import (
     is_concurrent_ddl,
+    is_postgres_url,
     is_read_only,
     opening,
+    require_sqlite_store,
     store_environment,
     store_path,
 )
@@ -112,6 +138,8 @@ __all__ = [
 ]
 
 _DDL_ATTEMPTS = 5
+KEY_SUFFIXES = (".key", ".session-secret")
+"""The key material beside an SQLite store: its master key, its session secret."""
 
 
 def build_transcoder() -> Transcoder:
@@ -262,6 +290,67 @@ class DeliveryLedger(PrivateEvents, delivery_ledger.DeliveryLedger):
     def construct_obligation_index(self) -> ObligationIndexView:
         return SqlObligationIndex(self)
 
+    # -- retention (ADR 0053) -------------------------------------------------------------
+
+    @property
+    def retention(self) -> SqlRetention:
+        return SqlRetention(self, [self.recoverable, self.obligation_index])
+
+    def retention_status(self) -> dict[str, Any]:
+        """The dead letters (count, oldest age) and the tombstones: for ``status`` and
+        ``LedgerCollector``."""
+        return retention_status(self)
+
+    def was_pruned(self, obligation_id: str) -> bool:
+        return self.tombstone(obligation_id) is not None
+
+    def tombstone(self, obligation_id: str) -> Tombstone | None:
+        """What stays of a pruned obligation (None: not pruned)."""
+        return self.retention.tombstone(self.aggregate_id(obligation_id))
+
+    def prune(
+        self,
+        older_than: timedelta,
+        *,
+        archive: str | Path | None = None,
+        dry_run: bool = False,
+        batch_size: int = DEFAULT_BATCH,
+        limit: int | None = None,
+        reason: str | None = None,
+        forget_tombstones_older_than: timedelta | None = None,
+    ) -> PruneReport:
+        """Move resolved obligations whose last transition is older than ``older_than``
+        out of the store: their events to ``archive`` (default: ``<store>.archive.jsonl.gz``
+        beside an SQLite store; required on PostgreSQL; ``""``: none), a tombstone in their
+        place. ``reason``: only dead letters abandoned for it. Tombstones older than
+        ``forget_tombstones_older_than`` go too (their ids then count as new)."""
+        if archive is None:
+            if store_path(self.env) is None:
+                raise InvalidInput("prune on PostgreSQL needs an archive file (--archive FILE)")
+            archive = f"{store_path(self.env)}.archive.jsonl.gz"
+        now = self.clock()
+
+        def catch_up() -> None:
+            self.recoverable.catch_up()
+            self.obligation_index.catch_up()
+
+        return prune_resolved(
+            self.retention,
+            write_archive,
+            cutoff=now - older_than,
+            now=now,
+            archive=str(archive),
+            release=running_release(),
+            catch_up=catch_up,
+            dry_run=dry_run,
+            batch_size=batch_size,
+            limit=limit,
+            reason=reason,
+            forget_tombstones_before=(
+                None if forget_tombstones_older_than is None else now - forget_tombstones_older_than
+            ),
+        )
+
 
 def open_ledger(
     location: str | Path,
@@ -284,6 +373,7 @@ def open_ledger(
     there, read-only if this process cannot write it unless ``writing``.
     """
     env = store_environment(location, existing=existing, writing=writing)
+    env, note_release = checked_environment(str(location), env, writes=writing or not existing)
     with opening(location):
         ledger = ledger_class(
             env,
@@ -294,6 +384,12 @@ def open_ledger(
             lease=lease,
             check_key=check_key,
         )
+        try:  # under the creation lock: several first opens must not race on its table
+            if note_release:
+                record_release(dialect_for(ledger.recorder), running_release())
+        except BaseException:
+            ledger.close()
+            raise
     try:
         return ledger.start()
     except BaseException:
@@ -549,3 +645,84 @@ def open_sessions_for_erasure(location: str | Path, *, required: bool) -> Sessio
 
 
 # --- end sessions --------------------------------------------------------------------------
+
+
+# --- the life of the data: verify, backup, restore, retention -------------------------------
+
+LEDGER_TOPICS = ("gateway_ledger.domain.obligation:", "gateway_ledger.domain.erasure:")
+"""The ledger's own events (on SQLite its table holds the sessions' too)."""
+
+
+def is_postgres_location(location: str | Path) -> bool:
+    return is_postgres_url(str(location))
+
+
+def verify_ledger_store(ledger: DeliveryLedger) -> VerifyReport:
+    """``verify`` on an open ledger: its views are compared unless it is read-only."""
+    views: list[Any] = [] if ledger.read_only else [ledger.recoverable, ledger.obligation_index]
+    return verify_store(StoreChecks(ledger), ledger.private_mapper, LEDGER_TOPICS, views)
+
+
+def backup_store(
+    location: str | Path, dest: str | Path, *, with_keys: bool = False, force: bool = False
+) -> dict[str, Any]:
+    """An online backup of the SQLite store at ``location`` into ``dest``; the master key
+    and session secret beside it are copied only ``with_keys``."""
+    source = Path(str(location))
+    require_sqlite_store(source)
+    pages = backup_sqlite(source, dest, overwrite=force)
+    keys = copy_companions(source, Path(dest), KEY_SUFFIXES) if with_keys else []
+    return {
+        "store": str(source),
+        "backup": str(dest),
+        "pages": pages,
+        "keys": [str(k) for k in keys],
+    }
+
+
+def restore_store(backup: str | Path, location: str | Path, *, force: bool = False) -> int:
+    """Restore a backup file into a new SQLite store at ``location`` (refused over an
+    existing one unless ``force``); verify it next, then sweep."""
+    require_sqlite_store(Path(str(backup)))
+    return restore_sqlite(backup, location, overwrite=force)
+
+
+def archived_timeline(
+    ledger: DeliveryLedger, obligation_id: str, archive: str | Path, at: Any = None
+) -> Timeline:
+    """The timeline of a pruned obligation, from its archived events (decoded with the
+    store's keys: the archive keeps them sealed)."""
+    uuid = ledger.aggregate_id(obligation_id)
+    stream = archived_streams(archive).get(uuid)
+    if stream is None:
+        raise NotFound("obligation in the archive", obligation_id)
+    stored = [StoredEvent(uuid, v, topic, state) for v, topic, state in stream.events]
+    return timeline_of(obligation_id, ledger.private_mapper.to_domain_events(stored), at)
+
+
+def archived_events(
+    ledger: DeliveryLedger, archive: str | Path
+) -> Iterator[tuple[UUID, int, str, bytes]]:
+    """Every archived event as the audit replays it (the last copy of each stream); a
+    stream still in the store (archived by a prune that then kept it) is the store's."""
+    for stream in archived_streams(archive).values():
+        if ledger.recorder.select_events(stream.aggregate_id, limit=1):
+            continue
+        for version, topic, state in stream.events:
+            yield stream.aggregate_id, version, topic, state
+
+
+def dead_letters_of(ledger: DeliveryLedger) -> SqlDeadLetters:
+    return SqlDeadLetters(ledger.obligation_index)
+
+
+def retention_status(ledger: DeliveryLedger) -> dict[str, Any]:
+    """What ``status`` adds: the dead letters (count, oldest age) and, once anything was
+    pruned, the number of tombstones."""
+    found: dict[str, Any] = {
+        "dead_letters": dead_letter_status(dead_letters_of(ledger), ledger.clock())
+    }
+    pruned = ledger.retention.tombstone_count()
+    if pruned:
+        found["pruned"] = pruned
+    return found

@@ -63,6 +63,7 @@ STORED_EVENTS = (
     "LateResultReported",
     "Claimed",
     "RetryRequested",
+    "DeadLetterRetried",
     "Abandoned",
     "Quarantined",
     "Reconciled",

@@ -26,6 +26,7 @@ from eventsourcing.utils import get_topic, resolve_topic
 from privacy_support import store_bytes
 
 import gateway_ledger.domain
+from gateway_ledger.application.delivery.dead_letters import retry_dead_letter
 from gateway_ledger.application.delivery.importing import ImportedRow, import_rows
 from gateway_ledger.application.privacy.erasure import DELIVERY_PRIVACY, SESSION_PRIVACY
 from gateway_ledger.bootstrap import DeliveryLedger, SessionStore
@@ -164,6 +165,7 @@ def write_every_event_type(ledger: DeliveryLedger, store: SessionStore) -> None:
         obligation_id="o-dropped", session_key=key, platform="telegram", chat_id="c", content="x"
     )
     ledger.abandon("o-dropped", "operator", "abandon-detail-PII-4711")
+    retry_dead_letter(ledger, "o-dropped", "ops")  # DeadLetterRetried
     ledger.record_obligation(
         obligation_id="o-rotten", session_key=key, platform="telegram", chat_id="c", content="y"
     )
@@ -176,7 +178,7 @@ def write_every_event_type(ledger: DeliveryLedger, store: SessionStore) -> None:
         obligation_id="o-gone", session_key="agent:main:x:dm:gone", platform="x", chat_id="g",
         content="erased before the scan",
     )  # fmt: skip
-    ledger.forget_session("agent:main:x:dm:gone")  # SubjectErased
+    ledger.forget_session("agent:main:x:dm:gone")  # SubjectForgotten
     row = ImportedRow(
         obligation_id="0" * 24, session_key=key, platform="telegram",
         chat_id="imported-chat-PII-4711", thread_id="imported-thread-PII-4711",

@@ -220,7 +220,7 @@ def test_every_session_event_keeps_its_stored_name() -> None:
     assert [type(e).__name__ for e in seen.collect_events()] == ["Seen"]
     keying = SessionKeying.establish(mode="raw", now=T0)
     assert [type(e).__name__ for e in keying.collect_events()] == ["Established"]
-    assert [type(e).__name__ for e in erase().collect_events()] == ["SubjectErased"]
+    assert [type(e).__name__ for e in erase().collect_events()] == ["SubjectForgotten"]
 
 
 STORED_FIELDS: dict[type, tuple[str, ...]] = {
@@ -235,7 +235,7 @@ STORED_FIELDS: dict[type, tuple[str, ...]] = {
     SessionRoute.Rotated: ("previous_session_id", "session_id", "reason"),
     InboundMessage.Seen: ("platform", "chat_scope", "platform_message_id", "session_id", "seq"),
     SessionKeying.Established: ("mode",),
-    Erasure.SubjectErased: (
+    Erasure.SubjectForgotten: (
         "subject_id",
         "by",
         "requested_by",

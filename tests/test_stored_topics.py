@@ -12,7 +12,12 @@ from gateway_ledger.domain.delivery.obligation import DeliveryObligation
 from gateway_ledger.domain.privacy.erasure import Erasure
 from gateway_ledger.domain.sessions.route import InboundMessage, SessionKeying, SessionRoute
 from gateway_ledger.domain.sessions.session import Session
-from gateway_ledger.domain.topics import STORED_AGGREGATES, stored_classes
+from gateway_ledger.domain.topics import (
+    STORED_AGGREGATES,
+    TOPIC_ALIASES,
+    stored_classes,
+    topics_of,
+)
 from tests.quarantine_support import NEWER_TOPIC
 
 AGGREGATES = (DeliveryObligation, Session, SessionRoute, SessionKeying, InboundMessage, Erasure)
@@ -45,7 +50,19 @@ def test_every_class_is_written_and_resolved_under_its_stored_topic() -> None:
 
 def test_every_topic_in_the_golden_stores_is_a_pinned_one() -> None:
     pinned = {stored_topic(c) for a in AGGREGATES for c in stored_classes(a)}
+    pinned |= set(TOPIC_ALIASES)  # the former topics of renamed classes
     assert golden_topics() - {NEWER_TOPIC} <= pinned  # NEWER_TOPIC: planted, unknown on purpose
+
+
+def test_a_renamed_class_resolves_its_former_topic_and_is_written_under_its_new_one() -> None:
+    former = "gateway_ledger.domain.erasure:Erasure.SubjectErased"
+    assert {former: Erasure.SubjectForgotten} == TOPIC_ALIASES
+    assert resolve_topic(former) is Erasure.SubjectForgotten
+    assert get_topic(Erasure.SubjectForgotten) == (
+        "gateway_ledger.domain.erasure:Erasure.SubjectForgotten"
+    )
+    assert topics_of(Erasure.SubjectForgotten) == [get_topic(Erasure.SubjectForgotten), former]
+    assert former in golden_topics()  # the 0.1.0 store holds events under the former name
 
 
 def test_a_new_store_is_written_with_the_stored_topics(tmp_path: Path) -> None:

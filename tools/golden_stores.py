@@ -215,7 +215,9 @@ def schema_url(pg_url: str, store: str) -> str:
 
 # Wall-clock figures: how long a command took, how old something is now.
 _TIMING_KEYS = frozenset({"elapsed_seconds", "elapsed_ms", "generated_at"})
-_AGE_KEYS = frozenset({"oldest_unresolved_age_seconds", "oldest_unresolved_age", "age_seconds"})
+_AGE_KEYS = frozenset(
+    {"oldest_unresolved_age_seconds", "oldest_unresolved_age", "age_seconds", "oldest_age_seconds"}
+)
 # Positions in the notification log: on SQLite the ledger and the session store share one
 # events table (the library's), on PostgreSQL each has its own, so the same events sit at
 # other positions, and a scan of the log (the audit's events_scanned) meets the other

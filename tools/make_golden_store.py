@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import golden_stores as gs
 
+from gateway_ledger.application.delivery.dead_letters import retry_dead_letter
 from gateway_ledger.application.delivery.importing import ImportedRow, import_rows
 from gateway_ledger.bootstrap import DeliveryLedger, SessionStore
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation, obligation_uuid
@@ -339,6 +340,13 @@ def write_ledger(location: Path, clock: Clock, keys: dict[str, str]) -> None:
         d.mark_failed("g-retry", "timeout", "ambiguous")
         clock.at(1002 + 25 * 3600)
         w.ledger(OPERATOR).retry("g-retry", by_operator="ops-alice")
+        # A dead letter retried by an operator (0.2.0): owed again, pending under D.
+        record(d, "g-dead-letter", dm)
+        d.mark_attempting("g-dead-letter")
+        d.mark_failed("g-dead-letter", "timeout", "ambiguous")
+        d.abandon("g-dead-letter", "operator", "paused by ops")
+        clock.at(1003 + 25 * 3600)
+        retry_dead_letter(w.ledger(OPERATOR), "g-dead-letter", "ops-bob")
 
         # Imported from an upstream installation: its dead gateway was sending it.
         clock.at(1003 + 25 * 3600)

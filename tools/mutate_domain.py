@@ -78,6 +78,7 @@ FAST_TESTS = [
     "tests/test_upstream_domain.py",
     "tests/test_upstream_sessions.py",
     "tests/test_domain_values.py",
+    "tests/test_retention_rule.py",
     "tests/test_session_aggregates.py",
     "tests/test_obligation_stateful.py",
 ]

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -548,6 +548,7 @@ _HANDLERS: dict[type[Event], Handler] = {
     DeliveryObligation.Attempting: DuplicateAuditor.on_attempting,
     DeliveryObligation.Claimed: DuplicateAuditor.on_claimed,
     DeliveryObligation.RetryRequested: DuplicateAuditor.on_retry_requested,
+    DeliveryObligation.DeadLetterRetried: DuplicateAuditor.on_retry_requested,
     DeliveryObligation.Delivered: DuplicateAuditor.on_delivered,
     DeliveryObligation.PartDelivered: DuplicateAuditor.on_part_delivered,
     DeliveryObligation.Failed: DuplicateAuditor.on_failed,
@@ -576,13 +577,17 @@ def audit_duplicates(
     *,
     page_size: int = PAGE_SIZE,
     progress: Callable[[int, int], None] | None = None,
+    archived: Iterable[tuple[Any, int, str, bytes]] = (),
 ) -> DuplicateAudit:
-    """Replay the whole notification log of ``app`` (a DeliveryLedger) and judge it."""
+    """Replay the whole notification log of ``app`` (a DeliveryLedger) and judge it;
+    ``archived`` events (pruned obligations' streams, in order) are replayed first."""
     started = time.perf_counter()
     recorder: Any = app.recorder
     newest = recorder.max_notification_id() or 0
     auditor = DuplicateAuditor()
     auditor.poisoned = undecodable_events(app)
+    for originator_id, version, topic, raw in archived:
+        auditor.feed(originator_id, version, topic, raw)
     start = 0
     while True:
         page = recorder.select_notifications(start, page_size, inclusive_of_start=False)

@@ -168,6 +168,11 @@ class DeliveryLedger(Application[UUID], ABC):
     def construct_obligation_index(self) -> ObligationIndexView:
         """One row per obligation, for status, list and metrics (built once, lazily)."""
 
+    def was_pruned(self, obligation_id: str) -> bool:
+        """True when the obligation was resolved and pruned (its tombstone stays; issue
+        19). A store that prunes says so (the store-backed subclass)."""
+        return False
+
     @abstractmethod
     def start(self) -> DeliveryLedger:
         """Begin what runs while the ledger is open (its lease, where leases are used);
@@ -208,6 +213,9 @@ class DeliveryLedger(Application[UUID], ABC):
             # The id exists (recorded earlier, or by a concurrent writer): the same record
             # again is idempotent, another one under that id is refused.
             if obligation_uuid(obligation_id) not in self.repository:
+                if self.was_pruned(obligation_id):  # resolved and pruned: still recorded
+                    log.debug("obligation %s was pruned; nothing appended", obligation_id)
+                    return obligation_id
                 raise
             self.check_same_record(obligation)
             log.debug("obligation %s already recorded; nothing appended", obligation_id)
@@ -259,6 +267,8 @@ class DeliveryLedger(Application[UUID], ABC):
         """
         uuid = obligation_uuid(obligation.obligation_id)
         recorded = list(self.events.get(uuid, lte=1))
+        if not recorded and self.was_pruned(obligation.obligation_id):
+            return  # resolved and pruned: nothing left to compare, the first record stands
         if not recorded:
             raise NotFound("obligation", obligation.obligation_id)
         differences = record_differences(recorded[0], obligation)

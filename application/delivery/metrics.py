@@ -27,6 +27,9 @@ METRIC_NAMES = (
     f"{PREFIX}_projection_position",
     f"{PREFIX}_projection_lag_events",
     f"{PREFIX}_sweep_duration_seconds",
+    f"{PREFIX}_dead_letters",
+    f"{PREFIX}_dead_letter_oldest_age_seconds",
+    f"{PREFIX}_pruned_obligations",
 )
 """Every scrape: the views' figures, and the sweeps this process ran."""
 

@@ -221,9 +221,14 @@ class Timeline:
 
 def timeline(ledger: LedgerPort, obligation_id: str, at: datetime | None = None) -> Timeline:
     """Replay one obligation's events up to ``at`` (all of them when None)."""
+    events: list[Any] = list(ledger.events.get(ledger.aggregate_id(obligation_id)))
+    return timeline_of(obligation_id, events, at)
+
+
+def timeline_of(obligation_id: str, events: list[Any], at: datetime | None = None) -> Timeline:
+    """The timeline of one obligation's events (from the store, or from an archive)."""
     if at is not None:
         require_aware("at", at)
-    events: list[Any] = list(ledger.events.get(ledger.aggregate_id(obligation_id)))
     if not events:
         raise NotFound("obligation", obligation_id)
     kept = [e for e in events if at is None or e.timestamp <= at]

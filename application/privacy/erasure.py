@@ -33,6 +33,7 @@ from gateway_ledger.domain.privacy.erasure import Erasure
 from gateway_ledger.domain.sessions.route import InboundMessage, SessionKeying, SessionRoute
 from gateway_ledger.domain.sessions.session import Session
 from gateway_ledger.domain.sessions.source import PERSONAL_FIELDS, TRUST_FLAGS
+from gateway_ledger.domain.topics import topics_of
 from gateway_ledger.domain.values import AbandonReason, require_clear_text, require_text
 
 log = logging.getLogger("gateway_ledger.privacy")
@@ -104,7 +105,19 @@ DELIVERY_PRIVACY = PrivacyPolicy(
         ),
     ),
     InClear(DeliveryObligation.RetryRequested, ("by", "previous_owner", "requested_by", "fence")),
-    SealedEvent(DeliveryObligation.Abandoned, ("detail",), clear=("reason", "by")),
+    InClear(
+        DeliveryObligation.DeadLetterRetried,
+        (
+            "by",
+            "previous_owner",
+            "requested_by",
+            "fence",
+            "obligation_id",
+            "platform",
+            "recorded_at",
+        ),
+    ),
+    SealedEvent(DeliveryObligation.Abandoned, ("detail",), clear=("reason", "by", "error_class")),
     InClear(
         DeliveryObligation.Quarantined, ("by", "previous_owner", "reason", "found_at", "fence")
     ),
@@ -152,7 +165,7 @@ DELIVERY_PRIVACY = PrivacyPolicy(
         ),
     ),
     InClear(
-        Erasure.SubjectErased,
+        Erasure.SubjectForgotten,
         ("subject_id", "by", "requested_by", "destroyed_keys", "abandoned", "sessions"),
     ),
 )
@@ -248,7 +261,7 @@ def forget_in_ledger(
     unresolved obligations are abandoned before the key goes (nothing owed is left behind
     unreadable), and abandoned once more after it (any recorded meanwhile by another
     process). The key is destroyed in the ledger's store and in the session store's; one
-    ``SubjectErased`` event in the ledger records it all.
+    ``SubjectForgotten`` event in the ledger records it all.
     """
     require_text("session_key", session_key)
     require_clear_text("requested_by", requested_by, allow_empty=True)
@@ -360,14 +373,12 @@ def is_erased(ledger: ErasableLedger, aggregate_id: UUID) -> bool:
 
 def erasures(ledger: ErasableLedger) -> list[Erasure]:
     """Every erasure recorded in this store, oldest first (for audits)."""
-    from eventsourcing.utils import get_topic
-
-    topic = get_topic(Erasure.SubjectErased)
+    topics = topics_of(Erasure.SubjectForgotten)  # with its former topic (ADR 0055)
     found: list[Erasure] = []
     start = None
     while True:
         batch = ledger.recorder.select_notifications(
-            start, 500, topics=[topic], inclusive_of_start=start is None
+            start, 500, topics=topics, inclusive_of_start=start is None
         )
         if not batch:
             return found

@@ -14,6 +14,7 @@ import attrs
 from eventsourcing.utils import get_topic
 
 from gateway_ledger.application.observability.causes import META
+from gateway_ledger.domain.topics import topics_of
 
 
 @attrs.frozen
@@ -83,9 +84,14 @@ class PrivacyPolicy:
         self.events = tuple(e for e in events if isinstance(e, SealedEvent))
         self.snapshots = tuple(e for e in events if isinstance(e, SealedSnapshot))
         self.in_clear = tuple(e for e in events if isinstance(e, InClear))
-        self.by_topic: dict[str, SealedEvent] = {e.topic: e for e in self.events}
+        # By every topic an event is stored under: a renamed class's former ones too.
+        self.by_topic: dict[str, SealedEvent] = {
+            t: e for e in self.events for t in topics_of(e.event)
+        }
         self.snapshot_by_topic: dict[str, SealedSnapshot] = {s.topic: s for s in self.snapshots}
-        self.clear_by_topic: dict[str, InClear] = {e.topic: e for e in self.in_clear}
+        self.clear_by_topic: dict[str, InClear] = {
+            t: e for e in self.in_clear for t in topics_of(e.event)
+        }
 
     def extended(self, *events: SealedEvent | SealedSnapshot | InClear) -> PrivacyPolicy:
         return PrivacyPolicy(*self.events, *self.snapshots, *self.in_clear, *events)

@@ -360,10 +360,44 @@ class DeliveryObligation(Aggregate):
             obligation.retry_after = None
             obligation.last_transition_at = self.timestamp
 
+    class DeadLetterRetried(Event):
+        """An operator sends a dead letter (abandoned, readable) again, on the record: it is
+        owed once more, the operator its owner (the last owner fenced out), the recovery
+        budget fresh, the marker kept. It carries the row facts the sweep's view lost
+        when the obligation was abandoned (its id, platform and recording time)."""
+
+        by: OwnerIdentity
+        previous_owner: OwnerIdentity
+        requested_by: str
+        fence: int
+        obligation_id: str
+        platform: str
+        recorded_at: datetime
+
+        def apply(self, obligation: DeliveryObligation) -> None:
+            obligation.state = ObligationState.PENDING
+            obligation.owner = self.by
+            obligation.fence = self.fence
+            obligation.recovery_attempts = 0
+            obligation.retry_after = None
+            obligation.abandon_reason = None
+            obligation.last_transition_at = self.timestamp
+
     class Abandoned(Event):
+        """Given up on: a dead letter. Version 2 (0.2.0) carries ``error_class``, the class
+        of the last failed send when it was abandoned (None: none failed), an audit fact
+        a dead letter keeps after its retention; version 1 events are upcast with None,
+        since it was not recorded then (ADR 0055)."""
+
+        class_version = 2
         reason: str
         detail: str
         by: OwnerIdentity | None
+        error_class: str | None
+
+        @staticmethod
+        def upcast_v1_v2(state: dict[str, Any]) -> None:
+            state["error_class"] = None
 
         def apply(self, obligation: DeliveryObligation) -> None:
             obligation.state = ObligationState.ABANDONED
@@ -964,6 +998,25 @@ class DeliveryObligation(Aggregate):
             timestamp=now,
         )
 
+    def retry_dead_letter(self, *, by: OwnerIdentity, now: datetime, requested_by: str) -> None:
+        """An operator retries an abandoned reply: owed again, the next sweep sends it
+        (labelled if an earlier send may have arrived). Who asked is required."""
+        require_aware("now", now)
+        self.check_state("dead letter retried", ObligationState.ABANDONED)
+        self.check_not_quarantined("dead letter retried")
+        requested_by = require_clear_text("requested_by", requested_by)
+        self.trigger_event(
+            self.DeadLetterRetried,
+            by=by,
+            previous_owner=self.owner,
+            requested_by=requested_by,
+            fence=self.fence + 1,
+            obligation_id=self.obligation_id,
+            platform=self.target.platform,
+            recorded_at=self.recorded_at,
+            timestamp=now,
+        )
+
     def abandon(
         self,
         *,
@@ -981,7 +1034,14 @@ class DeliveryObligation(Aggregate):
             raise InvalidInput("detail must be a str")
         else:
             detail = cut_error(detail)  # a platform's or a sweep's words: kept, never refused
-        self.trigger_event(self.Abandoned, reason=reason.value, detail=detail, by=by, timestamp=now)
+        self.trigger_event(
+            self.Abandoned,
+            reason=reason.value,
+            detail=detail,
+            by=by,
+            error_class=None if self.error_class is None else self.error_class.value,
+            timestamp=now,
+        )
 
     def note_import(
         self,

@@ -18,7 +18,10 @@ from gateway_ledger.domain.topics import stored_as
 from gateway_ledger.domain.values import OwnerIdentity, require_aware, require_clear_text
 
 
-@stored_as("gateway_ledger.domain.erasure")
+@stored_as(
+    "gateway_ledger.domain.erasure",
+    formerly={"SubjectForgotten": ("SubjectErased",)},  # renamed in 0.2.0 (ADR 0055)
+)
 class Erasure(Aggregate):
     """One execution of the right to be forgotten for one subject."""
 
@@ -30,7 +33,7 @@ class Erasure(Aggregate):
     sessions: list[str]
     erased_at: datetime
 
-    class SubjectErased(Aggregate.Created):
+    class SubjectForgotten(Aggregate.Created):
         """The subject's keys ``destroyed_keys`` were destroyed by ``by`` (for
         ``requested_by``); its unresolved obligations ``abandoned``, its conversations
         ``sessions`` (None: recorded before erasures listed them)."""
@@ -63,7 +66,7 @@ class Erasure(Aggregate):
         if not isinstance(erasure_id, UUID):
             raise InvalidInput("erasure_id must be a UUID")
         return cls._create(
-            cls.SubjectErased,
+            cls.SubjectForgotten,
             id=erasure_id,
             subject_id=subject_id,
             by=by,
@@ -74,7 +77,7 @@ class Erasure(Aggregate):
             timestamp=now,
         )
 
-    @event(SubjectErased)
+    @event(SubjectForgotten)
     def __init__(
         self,
         subject_id: str,

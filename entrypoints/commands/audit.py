@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from gateway_ledger import bootstrap
 from gateway_ledger.application.delivery.audit import audit_duplicates
 from gateway_ledger.entrypoints.console import (
     Subcommands,
@@ -32,17 +33,36 @@ def register(subparsers: Subcommands) -> None:
     )
     dup.add_argument("--strict", action="store_true", help="labelled duplicates fail too")
     dup.add_argument("--all", action="store_true", help="list every possible duplicate")
+    dup.add_argument(
+        "--archive", metavar="FILE", help="also replay the pruned obligations archived here"
+    )
     add_common(dup)
     dup.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     ledger = open_ledger(args.db)
-    report = audit_duplicates(ledger, progress=None if args.json else progress_bar("audit"))
+    archived = bootstrap.archived_events(ledger, args.archive) if args.archive else ()
+    report = audit_duplicates(
+        ledger, progress=None if args.json else progress_bar("audit"), archived=archived
+    )
     failed = not report.ok or (args.strict and bool(report.possible_duplicates))
+    pruned = ledger.retention.tombstone_count()
+    covers = (
+        None
+        if not pruned and not args.archive
+        else {"live_store": True, "archive": args.archive, "pruned_obligations": pruned}
+    )
     if args.json:
-        print_json(report.to_dict())
+        print_json(report.to_dict() if covers is None else {**report.to_dict(), "covers": covers})
         return 1 if failed else 0
+    if covers is not None:
+        print(
+            f"covers: the live store and {args.archive}"
+            if args.archive
+            else f"covers: the live store only; {pruned} pruned obligation(s) are not "
+            "replayed (give --archive FILE)"
+        )
     print(
         f"audit duplicates: {report.events_scanned} events, {report.obligations} obligations, "
         f"{report.elapsed_seconds:.2f} s"

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from gateway_ledger import bootstrap
 from gateway_ledger.application.observability.correlation import correlated
 from gateway_ledger.bootstrap import open_session_store
+from gateway_ledger.domain.errors import LedgerError, NotFound
 from gateway_ledger.entrypoints.console import (
     Subcommands,
     add_common,
@@ -32,6 +34,9 @@ def register(subparsers: Subcommands) -> None:
     )
     parser.add_argument(
         "--at", metavar="T", help="replay only to T (ISO 8601, or an age: 15m, 2h, 3d)"
+    )
+    parser.add_argument(
+        "--archive", metavar="FILE", help="read a pruned obligation from this archive (prune)"
     )
     add_common(parser)
     parser.set_defaults(handler=run)
@@ -59,10 +64,10 @@ def _facts(kind: str, f: dict[str, Any]) -> str:
     if kind in ("Delivered", "PartDelivered"):
         facts.append(f"receipt={len(f.get('receipt') or [])} id(s)")
     if kind == "Abandoned":
-        facts.append(f"reason={f.get('reason')}")
+        facts.append(f"reason={f.get('reason')} class={f.get('error_class') or '-'}")
     if kind == "Quarantined":
         facts.append(f"reason={f.get('reason')} found_at=v{f.get('found_at')}")
-    if kind == "RetryRequested":
+    if kind in ("RetryRequested", "DeadLetterRetried"):
         facts.append(f"by operator {f.get('requested_by') or '?'}")
     if kind == "Imported":
         facts.append(
@@ -123,7 +128,27 @@ def run(args: argparse.Namespace) -> int:
         raise usage_error("history needs an obligation ID, or --correlation CID")
     at = parse_moment(args.at, name="--at") if args.at else None
     ledger = open_ledger(args.db)
-    timeline = ledger.timeline(args.obligation_id, at)
+    if args.archive:
+        timeline = bootstrap.archived_timeline(ledger, args.obligation_id, args.archive, at)
+    else:
+        try:
+            timeline = ledger.timeline(args.obligation_id, at)
+        except NotFound:
+            stone = ledger.tombstone(args.obligation_id)
+            if stone is None:
+                raise
+            where = (
+                f"read it with --archive {stone.archive}"
+                if stone.archive
+                else f"its events were not archived; it kept: {stone.send_attempts} send(s), "
+                f"error class {stone.error_class or '-'}, reason {stone.abandon_reason or '-'}, "
+                f"recorded {stone.recorded_at.isoformat()}, "
+                f"resolved {stone.resolved_at.isoformat()}"
+            )
+            raise LedgerError(
+                f"obligation {args.obligation_id} was {stone.state} and pruned at "
+                f"{stone.pruned_at.isoformat()}; {where}"
+            ) from None
     if args.json:
         print_json(timeline.to_dict())
         return 0

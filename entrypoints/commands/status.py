@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from gateway_ledger import bootstrap
 from gateway_ledger.entrypoints.console import (
     Subcommands,
     add_common,
@@ -26,12 +27,21 @@ def register(subparsers: Subcommands) -> None:
 def run(args: argparse.Namespace) -> int:
     ledger = open_ledger(args.db)
     stats = ledger.stats()
+    extra = bootstrap.retention_status(ledger)
     if args.json:
-        print_json(stats.to_dict())
+        print_json({**stats.to_dict(), **extra})
         return 0
     states = list(stats.by_state)
     print(f"gateway-ledger status ({args.db})")
     print(f"  obligations: {stats.total}, unresolved: {stats.unresolved}")
+    if "pruned" in extra:
+        print(f"  pruned (tombstones stay; gateway-ledger prune): {extra['pruned']}")
+    dead = extra["dead_letters"]
+    if dead["count"]:
+        print(
+            f"  dead letters: {dead['count']}, oldest {dead['oldest_age_seconds']:.0f} s old "
+            "(gateway-ledger dead-letters)"
+        )
     if stats.quarantined:
         shown = ", ".join(stats.quarantined_ids[:10])
         more = stats.quarantined - min(10, len(stats.quarantined_ids))

@@ -132,6 +132,18 @@ def existing_store_environment(location: str | Path, *, writing: bool = False) -
         return sqlite_environment(db)
     if writing:
         raise ReadOnlyStore(f"{db} is read-only for this process; this command writes to it")
+    return read_only_environment(db)
+
+
+def read_only_environment(location: str | Path) -> dict[str, str]:
+    """The environment of an existing store opened only to read it: no table is created,
+    no view catches up (a store this process may not write, or one a newer release wrote)."""
+    text = str(location)
+    if is_postgres_url(text):
+        from gateway_ledger.infrastructure.eventstore.postgres import postgres_environment
+
+        return {**postgres_environment(text), "CREATE_TABLE": "n", READ_ONLY_ENV: "y"}
+    db = Path(text)
     return {
         "PERSISTENCE_MODULE": "eventsourcing.sqlite",
         "SQLITE_DBNAME": read_only_uri(db),

@@ -120,6 +120,26 @@ def stats_metrics(stats: LedgerStats) -> Iterator[Metric]:
     yield lag
 
 
+def retention_metrics(figures: dict[str, Any]) -> Iterator[Metric]:
+    """The dead letters and the tombstones (ADR 0053), read from the index and the
+    tombstone table."""
+    dead = figures["dead_letters"]
+    oldest = dead["oldest_age_seconds"]
+    yield GaugeMetricFamily(
+        f"{PREFIX}_dead_letters", "Replies abandoned or quarantined (dead letters).", dead["count"]
+    )
+    yield GaugeMetricFamily(
+        f"{PREFIX}_dead_letter_oldest_age_seconds",
+        "Age of the oldest dead letter.",
+        float("nan") if oldest is None else oldest,
+    )
+    yield GaugeMetricFamily(
+        f"{PREFIX}_pruned_obligations",
+        "Resolved obligations pruned (tombstones).",
+        figures.get("pruned", 0),
+    )
+
+
 class LedgerCollector(Collector):
     """The ledger's metrics for a ``prometheus_client`` registry.
 
@@ -140,6 +160,7 @@ class LedgerCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         yield from stats_metrics(self.ledger.stats())
+        yield from retention_metrics(self.ledger.retention_status())
         yield _histogram(
             "sweep_duration_seconds",
             "Seconds a recovery sweep of this process took.",

@@ -113,10 +113,13 @@ class ProjectionRunner:
     def _require_tables(self) -> None:
         """A store opened read-only is read as it is; a view it never had cannot be built."""
         with self.dialect.read_cursor() as c:
-            c.execute(
-                "SELECT COUNT(*) AS n FROM sqlite_master WHERE type = 'table' AND name = ?",
-                (self.tracking_table,),
-            )
+            if self.dialect.name == "postgres":  # read-only: a store a newer release wrote
+                c.execute("SELECT to_regclass(%s) IS NOT NULL AS n", (self.tracking_table,))
+            else:
+                c.execute(
+                    "SELECT COUNT(*) AS n FROM sqlite_master WHERE type = 'table' AND name = ?",
+                    (self.tracking_table,),
+                )
             if int(c.fetchone()["n"]):
                 return
         raise LedgerError(

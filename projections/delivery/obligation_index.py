@@ -312,6 +312,15 @@ class IndexProjection(ObligationProjection):
         values["fence"] = event.fence
         return self.update(event, values, _ONE_MORE_RETRY)
 
+    def dead_letter_retried(self, event: DeliveryObligation.DeadLetterRetried) -> RowChange:
+        """Owed again: no longer a dead letter, one more operator retry."""
+        values = owner_values(event.by)
+        values["state"] = ObligationState.PENDING.value
+        values["recovery_attempts"] = 0
+        values["fence"] = event.fence
+        values["abandon_reason"] = None
+        return self.update(event, values, _ONE_MORE_RETRY)
+
     def quarantined_fact(self, event: DeliveryObligation.Quarantined) -> RowChange:
         values = {**self.quarantined(event), **owner_values(event.by), "fence": event.fence}
         return self.update(event, values)
@@ -334,6 +343,7 @@ class IndexProjection(ObligationProjection):
         DeliveryObligation.Delivered: delivered,
         DeliveryObligation.Abandoned: abandoned,
         DeliveryObligation.RetryRequested: retry_requested,
+        DeliveryObligation.DeadLetterRetried: dead_letter_retried,
         DeliveryObligation.Quarantined: quarantined_fact,
         DeliveryObligation.StatusReported: status_reported,
     }

@@ -141,6 +141,19 @@ class RecoverableProjection(ObligationProjection):
         values["recovery_attempts"] = 0
         return self.update(event, values)
 
+    def dead_letter_retried(self, event: DeliveryObligation.DeadLetterRetried) -> RowChange:
+        """A dead letter owed again: back in the view (it left when it was abandoned),
+        from the row facts the event carries."""
+        values = owner_values(event.by)
+        values["obligation_id"] = event.obligation_id
+        values["state"] = ObligationState.PENDING.value
+        values["platform"] = event.platform
+        values["recovery_attempts"] = 0
+        values["recorded_at"] = to_micros(event.recorded_at)
+        values["last_transition_at"] = to_micros(event.timestamp)
+        values["version"] = event.originator_version
+        return Insert(event.originator_id.hex, values)
+
     def failed(self, event: DeliveryObligation.Failed) -> RowChange:
         return self.update(event, {"state": ObligationState.FAILED.value})
 
@@ -172,6 +185,7 @@ class RecoverableProjection(ObligationProjection):
         DeliveryObligation.Attempting: attempting,
         DeliveryObligation.Claimed: claimed,
         DeliveryObligation.RetryRequested: retry_requested,
+        DeliveryObligation.DeadLetterRetried: dead_letter_retried,
         DeliveryObligation.Failed: failed,
         DeliveryObligation.Delivered: resolved,
         DeliveryObligation.Abandoned: resolved,

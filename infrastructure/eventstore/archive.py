@@ -1,0 +1,116 @@
+"""The archive of pruned obligations: gzip'd JSON lines, one stream per line (ADR 0053).
+
+A file is one or more gzip members (each prune appends one; ``gzip`` reads them as one
+stream). Its first line of each member is a header::
+
+    {"archive": "gateway-ledger", "format": 1, "release": "0.2.0", "written_at": ISO}
+
+then one line per obligation::
+
+    {"aggregate_id": UUID, "obligation_id": ID, "state": S, "tombstone": {...},
+     "events": [{"v": 1, "topic": T, "state": BASE64}, ...]}
+
+``state`` is the stored event as it was in the store: its personal fields still sealed
+under the session's data key, so an archive is no more readable than the store, and
+forgetting a session (destroying its key) reaches the archive too. A reader decodes
+them through the ledger's own mapper (``history --archive``) or reads their clear facts
+(``audit duplicates --archive``). The file is written owner-only and fsynced before a
+single event is deleted from the store; a stream found twice (a prune interrupted after
+its archive was written) is the same stream, and readers keep its last copy.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import os
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import attrs
+import orjson
+
+from gateway_ledger.domain.delivery.retention import Tombstone
+from gateway_ledger.domain.errors import InvalidInput
+
+ARCHIVE_FORMAT = 1
+MAGIC = "gateway-ledger"
+
+
+@attrs.frozen
+class ArchivedStream:
+    aggregate_id: UUID
+    obligation_id: str
+    state: str
+    events: tuple[tuple[int, str, bytes], ...]
+
+
+def write_archive(
+    path: str | Path,
+    streams: Sequence[tuple[Tombstone, Sequence[tuple[int, str, bytes]]]],
+    *,
+    release: str,
+) -> None:
+    """Append one gzip member holding ``streams`` to ``path`` (created 0600), durably."""
+    target = Path(path)
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(fd, "ab") as raw:
+        with gzip.GzipFile(fileobj=raw, mode="ab") as out:
+            header = {
+                "archive": MAGIC,
+                "format": ARCHIVE_FORMAT,
+                "release": release,
+                "written_at": datetime.now(UTC).isoformat(),
+            }
+            out.write(orjson.dumps(header) + b"\n")
+            for stone, events in streams:
+                line = {
+                    "aggregate_id": stone.aggregate_id,
+                    "obligation_id": stone.obligation_id,
+                    "state": stone.state,
+                    "tombstone": attrs.asdict(stone),
+                    "events": [
+                        {"v": v, "topic": topic, "state": base64.b64encode(state).decode()}
+                        for v, topic, state in events
+                    ],
+                }
+                out.write(orjson.dumps(line, default=str) + b"\n")
+        raw.flush()
+        os.fsync(raw.fileno())
+
+
+def read_archive(path: str | Path) -> Iterator[ArchivedStream]:
+    """Every stream of the archive, in the order written (a repeated stream twice)."""
+    source = Path(path)
+    if not source.is_file():
+        raise InvalidInput(f"no archive at {source}")
+    try:
+        with gzip.open(source, "rb") as f:
+            for number, raw in enumerate(f, start=1):
+                line: dict[str, Any] = orjson.loads(raw)
+                if "archive" in line:
+                    if line["archive"] != MAGIC or int(line["format"]) > ARCHIVE_FORMAT:
+                        raise InvalidInput(
+                            f"{source} line {number}: archive format {line.get('format')} "
+                            f"of {line.get('release')} is newer than this release reads"
+                        )
+                    continue
+                yield ArchivedStream(
+                    aggregate_id=UUID(line["aggregate_id"]),
+                    obligation_id=str(line["obligation_id"]),
+                    state=str(line["state"]),
+                    events=tuple(
+                        (int(e["v"]), str(e["topic"]), base64.b64decode(e["state"]))
+                        for e in line["events"]
+                    ),
+                )
+    except (OSError, EOFError, orjson.JSONDecodeError, KeyError) as e:
+        raise InvalidInput(f"{source} is not a readable gateway-ledger archive: {e}") from None
+
+
+def archived_streams(path: str | Path) -> dict[UUID, ArchivedStream]:
+    """The archive's streams by aggregate, the last copy of each."""
+    return {s.aggregate_id: s for s in read_archive(path)}
