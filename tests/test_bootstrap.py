@@ -56,6 +56,7 @@ def test_the_application_ledger_is_abstract_over_its_ports() -> None:
         {
             "private_mapper",
             "liveness",
+            "gone_proof",
             "load_each",
             "start",
             "construct_recoverable_view",
