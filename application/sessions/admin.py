@@ -43,14 +43,19 @@ class SessionSummary:
 
 
 def list_sessions(store: SessionsApplication) -> tuple[SessionSummary, ...]:
-    """Every session, oldest first, from the log's Started and Reset events only."""
+    """Every session, oldest first, from the log's Started, Reset and Reopened events
+    only; a pruned one from its tombstone."""
     started_topic = get_topic(Session.Started)
     reset_topic = get_topic(Session.Reset)
+    reopened_topic = get_topic(Session.Reopened)
     found: dict[str, dict[str, Any]] = {}
     start = 0
     while True:
         page = store.recorder.select_notifications(
-            start, PAGE, topics=[started_topic, reset_topic], inclusive_of_start=False
+            start,
+            PAGE,
+            topics=[started_topic, reset_topic, reopened_topic],
+            inclusive_of_start=False,
         )
         for n in page:
             event = store.mapper.to_domain_event(n)
@@ -67,6 +72,8 @@ def list_sessions(store: SessionsApplication) -> tuple[SessionSummary, ...]:
                 }
             elif isinstance(event, Session.Reset) and key in found:
                 found[key].update(ended=True, end_reason=event.reason)
+            elif isinstance(event, Session.Reopened) and key in found:
+                found[key].update(ended=False, end_reason=None)  # switched back to
         if len(page) < PAGE:
             break
         start = page[-1].id
