@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         print_json(data)
         return 0
     if args.sessions:
-        print(describe_sessions(sessions))
+        print(describe_sessions(sessions))  # first: the obligations' lines end early
     if report.dry_run:
         states = ", ".join(f"{n} {s}" for s, n in sorted(report.by_state.items())) or "none"
         print(f"prune (dry run): {report.candidates} obligations resolved before "

@@ -1,4 +1,4 @@
-"""The archive of pruned obligations: gzip'd JSON lines, one stream per line (ADR 0053).
+"""Archive of pruned obligations and sessions: gzip'd JSON lines, a stream a line (ADR 0053).
 
 A file is one or more gzip members (each prune appends one; ``gzip`` reads them as one
 stream). Its first line of each member is a header::
@@ -9,6 +9,10 @@ then one line per obligation::
 
     {"aggregate_id": UUID, "obligation_id": ID, "state": S, "tombstone": {...},
      "events": [{"v": 1, "topic": T, "state": BASE64}, ...]}
+
+A pruned session's line (ADR 0053, ``prune --sessions``) is marked ``"kind": "session"``
+and holds ``session_id`` in place of ``obligation_id``; readers of obligations pass over
+it, ``archived_sessions`` reads only those.
 
 ``state`` is the stored event as it was in the store: its personal fields still sealed
 under the session's data key, so an archive is no more readable than the store, and
@@ -35,7 +39,7 @@ import orjson
 
 from gateway_ledger.domain.delivery.retention import Tombstone
 from gateway_ledger.domain.errors import InvalidInput
-from gateway_ledger.domain.sessions.retention import SessionTombstone
+from gateway_ledger.domain.sessions.retention import ENDED, SessionTombstone
 
 ARCHIVE_FORMAT = 1
 MAGIC = "gateway-ledger"
@@ -88,7 +92,7 @@ def write_session_archive(
                 "kind": SESSION_KIND,
                 "aggregate_id": stone.aggregate_id,
                 "session_id": stone.session_id,
-                "state": "ended",
+                "state": ENDED,
                 "tombstone": attrs.asdict(stone),
                 "events": _events(events),
             }
