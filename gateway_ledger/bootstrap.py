@@ -64,6 +64,7 @@ from gateway_ledger.application.privacy.erasure import (
     forget_in_ledger,
 )
 from gateway_ledger.application.sessions.keying import is_raw_keys_mode
+from gateway_ledger.application.sessions.retention import SessionPruneReport, prune_sessions
 from gateway_ledger.application.sessions.store import (
     SESSIONS_APPLICATION_NAME,
     SessionsApplication,
@@ -71,9 +72,15 @@ from gateway_ledger.application.sessions.store import (
 from gateway_ledger.domain.delivery.retention import Tombstone
 from gateway_ledger.domain.errors import InvalidInput, NotFound
 from gateway_ledger.domain.privacy.hashing import KeyedHasher
+from gateway_ledger.domain.sessions.retention import SessionTombstone
 from gateway_ledger.domain.sessions.route import SessionKeying
-from gateway_ledger.domain.values import LedgerPolicy, OwnerIdentity
-from gateway_ledger.infrastructure.eventstore.archive import archived_streams, write_archive
+from gateway_ledger.domain.sessions.session import session_uuid
+from gateway_ledger.domain.values import LedgerPolicy, OwnerIdentity, require_text
+from gateway_ledger.infrastructure.eventstore.archive import (
+    archived_streams,
+    write_archive,
+    write_session_archive,
+)
 from gateway_ledger.infrastructure.eventstore.bulk_events import load_each
 from gateway_ledger.infrastructure.eventstore.group_commit import GroupCommitWriter
 from gateway_ledger.infrastructure.eventstore.library import ENCRYPT_ENV, PrivateEvents
@@ -89,6 +96,7 @@ from gateway_ledger.infrastructure.eventstore.release import (
     running_release,
 )
 from gateway_ledger.infrastructure.eventstore.retention import SqlDeadLetters, SqlRetention
+from gateway_ledger.infrastructure.eventstore.session_retention import SqlSessionRetention
 from gateway_ledger.infrastructure.eventstore.sql_dialect import dialect_for
 from gateway_ledger.infrastructure.eventstore.store import (
     is_concurrent_ddl,
@@ -563,6 +571,51 @@ class SessionStore(PrivateEvents, SessionsApplication):
 
     def reading_state_only(self) -> AbstractContextManager[None]:
         return self.private_mapper.state_only()
+
+    # -- retention of ended sessions (ADR 0053) ---------------------------------------------
+
+    @property
+    def session_retention(self) -> SqlSessionRetention:
+        return SqlSessionRetention(self)
+
+    def session_tombstone(self, session_id: str) -> SessionTombstone | None:
+        uuid = session_uuid(require_text("session_id", session_id))
+        return self.session_retention.tombstone(uuid)
+
+    def pruned_sessions(self) -> list[SessionTombstone]:
+        return self.session_retention.tombstones_all()
+
+    def prune_sessions(
+        self,
+        older_than: timedelta,
+        *,
+        archive: str | Path | None = None,
+        delete: bool = False,
+        dry_run: bool = False,
+        batch_size: int = DEFAULT_BATCH,
+    ) -> SessionPruneReport:
+        """Move ended sessions (no key's current one) that ended longer than
+        ``older_than`` ago out of the store: their events to ``archive`` (default:
+        ``<store>.archive.jsonl.gz`` beside an SQLite store; required on PostgreSQL), or
+        deleted when ``delete=True`` (the operator's explicit choice); a tombstone stays."""
+        if delete and archive:
+            raise InvalidInput("prune: sessions are archived or deleted, not both")
+        if not delete and archive is None:
+            if store_path(self.env) is None:
+                raise InvalidInput("prune on PostgreSQL needs an archive file (--archive FILE)")
+            archive = f"{store_path(self.env)}.archive.jsonl.gz"
+        now = self.clock()
+        return prune_sessions(
+            self,
+            self.session_retention,
+            write_session_archive,
+            cutoff=now - older_than,
+            now=now,
+            archive="" if delete else str(archive),
+            release=running_release(),
+            dry_run=dry_run,
+            batch_size=batch_size,
+        )
 
 
 def open_sessions(

@@ -1,6 +1,8 @@
 """The one retention rule (domain/delivery/retention.py): only final, readable
 obligations resolved before the cut-off may leave the hot store; every other state,
-known or not, stays. And the dead letter's retry (``retry_dead_letter``)."""
+known or not, stays. And the dead letter's retry (``retry_dead_letter``), and the session
+rule (domain/sessions/retention.py): only an ended session no key holds, ended before the
+cut-off."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from hypothesis import strategies as st
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation
 from gateway_ledger.domain.delivery.retention import PRUNABLE_STATES, is_prunable
 from gateway_ledger.domain.errors import IllegalTransition, InvalidInput
+from gateway_ledger.domain.sessions.retention import ENDED, is_session_prunable
 from gateway_ledger.domain.values import (
     QUARANTINED,
     AbandonReason,
@@ -142,3 +145,30 @@ def test_abandoned_carries_the_last_error_class_and_upcasts_version_1() -> None:
     state: dict[str, object] = {"reason": "stale", "detail": "", "by": None}
     DeliveryObligation.Abandoned.upcast_v1_v2(state)
     assert state == {"reason": "stale", "detail": "", "by": None, "error_class": None}
+
+
+# -- the session rule (domain/sessions/retention.py) ------------------------------------------
+
+
+def test_a_session_is_prunable_only_ended_not_current_and_ended_before_the_cutoff() -> None:
+    assert ENDED == "ended"  # the archive's state of a pruned session (ADR 0053)
+    assert is_session_prunable(ENDED, current=False, ended_at=BEFORE, cutoff=CUTOFF)
+    assert not is_session_prunable(ENDED, current=True, ended_at=BEFORE, cutoff=CUTOFF)
+    assert not is_session_prunable(ENDED, current=False, ended_at=CUTOFF, cutoff=CUTOFF)
+    assert not is_session_prunable(ENDED, current=False, ended_at=None, cutoff=CUTOFF)
+    assert not is_session_prunable("open", current=False, ended_at=BEFORE, cutoff=CUTOFF)
+
+
+@given(
+    st.text(max_size=12),
+    st.booleans(),
+    st.one_of(st.none(), st.datetimes(timezones=st.just(UTC))),
+)
+def test_no_current_or_unknown_session_state_is_ever_prunable(
+    state: str, current: bool, ended_at: datetime | None
+) -> None:
+    prunable = is_session_prunable(state, current=current, ended_at=ended_at, cutoff=CUTOFF)
+    if current or state != ENDED or ended_at is None or ended_at >= CUTOFF:
+        assert not prunable
+    else:
+        assert prunable

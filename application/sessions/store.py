@@ -66,6 +66,7 @@ from gateway_ledger.domain.sessions.policy import (
     ResetReason,
     decide,
 )
+from gateway_ledger.domain.sessions.retention import SessionTombstone
 from gateway_ledger.domain.sessions.route import (
     InboundMessage,
     SessionKeying,
@@ -198,6 +199,15 @@ class SessionsApplication(Application[UUID]):
         """The write path of bulk writes (``import_keys``); the composition root's store is
         the sealed event store, whose ``append`` reports no notification ids."""
         raise LedgerError("this session store has no bulk write path")
+
+    def pruned_sessions(self) -> list[SessionTombstone]:
+        """The tombstones of the sessions pruned from this store (ADR 0053), oldest end
+        first; the composition root's store reads them from its table."""
+        return []
+
+    def session_tombstone(self, session_id: str) -> SessionTombstone | None:
+        """What stays of a pruned session (None: not pruned)."""
+        return None
 
     def reading_state_only(self) -> AbstractContextManager[None]:
         """Within: aggregates are rebuilt without opening what their state never reads (the

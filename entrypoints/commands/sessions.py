@@ -49,8 +49,10 @@ def run_list(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"sessions": [s.to_dict() for s in sessions], "count": len(sessions)})
         return 0
-    rows = [[s.session_id, s.key, s.created_at, s.ended, s.end_reason] for s in sessions]
-    print(table(["session", "key", "created (UTC)", "ended", "why"], rows))
+    rows = [
+        [s.session_id, s.key, s.created_at, s.ended, s.end_reason, s.pruned or ""] for s in sessions
+    ]
+    print(table(["session", "key", "created (UTC)", "ended", "why", "pruned to"], rows))
     return 0
 
 
@@ -64,14 +66,19 @@ def run_show(args: argparse.Namespace) -> int:
         return 0
     print(f"key {found.key}: current session {found.current_session_id}")
     rows = [
-        [s.session_id, s.created_at, s.last_activity_at, s.message_count, s.ended, s.end_reason]
+        [
+            s.session_id,
+            s.created_at,
+            s.last_activity_at,
+            "?" if s.message_count is None else s.message_count,
+            s.ended,
+            s.end_reason,
+            s.pruned or "",
+        ]
         for s in found.sessions
     ]
-    print(
-        table(
-            ["session", "created", "last activity", "messages", "ended", "why"], rows, indent="  "
-        )
-    )
+    heads = ["session", "created", "last activity", "messages", "ended", "why", "pruned to"]
+    print(table(heads, rows, indent="  "))
     return 0
 
 

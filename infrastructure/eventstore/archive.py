@@ -1,4 +1,4 @@
-"""The archive of pruned obligations: gzip'd JSON lines, one stream per line (ADR 0053).
+"""Archive of pruned obligations and sessions: gzip'd JSON lines, a stream a line (ADR 0053).
 
 A file is one or more gzip members (each prune appends one; ``gzip`` reads them as one
 stream). Its first line of each member is a header::
@@ -9,6 +9,10 @@ then one line per obligation::
 
     {"aggregate_id": UUID, "obligation_id": ID, "state": S, "tombstone": {...},
      "events": [{"v": 1, "topic": T, "state": BASE64}, ...]}
+
+A pruned session's line (ADR 0053, ``prune --sessions``) is marked ``"kind": "session"``
+and holds ``session_id`` in place of ``obligation_id``; readers of obligations pass over
+it, ``archived_sessions`` reads only those.
 
 ``state`` is the stored event as it was in the store: its personal fields still sealed
 under the session's data key, so an archive is no more readable than the store, and
@@ -35,9 +39,11 @@ import orjson
 
 from gateway_ledger.domain.delivery.retention import Tombstone
 from gateway_ledger.domain.errors import InvalidInput
+from gateway_ledger.domain.sessions.retention import ENDED, SessionTombstone
 
 ARCHIVE_FORMAT = 1
 MAGIC = "gateway-ledger"
+SESSION_KIND = "session"
 
 
 @attrs.frozen
@@ -55,6 +61,55 @@ def write_archive(
     release: str,
 ) -> None:
     """Append one gzip member holding ``streams`` to ``path`` (created 0600), durably."""
+    _append_member(
+        path,
+        [
+            {
+                "aggregate_id": stone.aggregate_id,
+                "obligation_id": stone.obligation_id,
+                "state": stone.state,
+                "tombstone": attrs.asdict(stone),
+                "events": _events(events),
+            }
+            for stone, events in streams
+        ],
+        release=release,
+    )
+
+
+def write_session_archive(
+    path: str | Path,
+    streams: Sequence[tuple[SessionTombstone, Sequence[tuple[int, str, bytes]]]],
+    *,
+    release: str,
+) -> None:
+    """Append one gzip member holding pruned sessions' ``streams`` (``"kind": "session"``
+    lines; readers of obligations pass over them) to ``path``, durably."""
+    _append_member(
+        path,
+        [
+            {
+                "kind": SESSION_KIND,
+                "aggregate_id": stone.aggregate_id,
+                "session_id": stone.session_id,
+                "state": ENDED,
+                "tombstone": attrs.asdict(stone),
+                "events": _events(events),
+            }
+            for stone, events in streams
+        ],
+        release=release,
+    )
+
+
+def _events(events: Sequence[tuple[int, str, bytes]]) -> list[dict[str, Any]]:
+    return [
+        {"v": v, "topic": topic, "state": base64.b64encode(state).decode()}
+        for v, topic, state in events
+    ]
+
+
+def _append_member(path: str | Path, lines: Sequence[dict[str, Any]], *, release: str) -> None:
     target = Path(path)
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     with os.fdopen(fd, "ab") as raw:
@@ -66,24 +121,15 @@ def write_archive(
                 "written_at": datetime.now(UTC).isoformat(),
             }
             out.write(orjson.dumps(header) + b"\n")
-            for stone, events in streams:
-                line = {
-                    "aggregate_id": stone.aggregate_id,
-                    "obligation_id": stone.obligation_id,
-                    "state": stone.state,
-                    "tombstone": attrs.asdict(stone),
-                    "events": [
-                        {"v": v, "topic": topic, "state": base64.b64encode(state).decode()}
-                        for v, topic, state in events
-                    ],
-                }
+            for line in lines:
                 out.write(orjson.dumps(line, default=str) + b"\n")
         raw.flush()
         os.fsync(raw.fileno())
 
 
-def read_archive(path: str | Path) -> Iterator[ArchivedStream]:
-    """Every stream of the archive, in the order written (a repeated stream twice)."""
+def read_archive(path: str | Path, *, sessions: bool = False) -> Iterator[ArchivedStream]:
+    """Every obligation stream of the archive (``sessions``: every session stream instead),
+    in the order written (a repeated stream twice)."""
     source = Path(path)
     if not source.is_file():
         raise InvalidInput(f"no archive at {source}")
@@ -97,6 +143,12 @@ def read_archive(path: str | Path) -> Iterator[ArchivedStream]:
                             f"{source} line {number}: archive format {line.get('format')} "
                             f"of {line.get('release')} is newer than this release reads"
                         )
+                    continue
+                if line.get("kind") == SESSION_KIND:
+                    if sessions:
+                        yield _session_stream(line)
+                    continue
+                if sessions:
                     continue
                 yield ArchivedStream(
                     aggregate_id=UUID(line["aggregate_id"]),
@@ -114,3 +166,20 @@ def read_archive(path: str | Path) -> Iterator[ArchivedStream]:
 def archived_streams(path: str | Path) -> dict[UUID, ArchivedStream]:
     """The archive's streams by aggregate, the last copy of each."""
     return {s.aggregate_id: s for s in read_archive(path)}
+
+
+def _session_stream(line: dict[str, Any]) -> ArchivedStream:
+    """A pruned session's line; its ``obligation_id`` field holds the session id."""
+    return ArchivedStream(
+        aggregate_id=UUID(line["aggregate_id"]),
+        obligation_id=str(line["session_id"]),
+        state=str(line["state"]),
+        events=tuple(
+            (int(e["v"]), str(e["topic"]), base64.b64decode(e["state"])) for e in line["events"]
+        ),
+    )
+
+
+def archived_sessions(path: str | Path) -> dict[UUID, ArchivedStream]:
+    """The archive's pruned sessions by aggregate, the last copy of each."""
+    return {s.aggregate_id: s for s in read_archive(path, sessions=True)}

@@ -21,7 +21,8 @@ from typing import Any
 from uuid import UUID
 
 from gateway_ledger.domain.delivery.retention import PRUNABLE_STATES, Tombstone
-from gateway_ledger.infrastructure.eventstore.sql_dialect import Cursor, SqlDialect, dialect_for
+from gateway_ledger.infrastructure.eventstore.pruning import StreamPruning
+from gateway_ledger.infrastructure.eventstore.sql_dialect import Cursor, SqlDialect
 from gateway_ledger.projections.delivery.obligation_view import from_micros, to_micros
 
 TOMBSTONES = "pruned_obligations"
@@ -42,16 +43,12 @@ COLUMNS = (
 )
 
 
-class SqlRetention:
+class SqlRetention(StreamPruning):
     """The ledger's retention on its own store (SQLite or PostgreSQL)."""
 
     def __init__(self, app: Any, views: Sequence[Any]) -> None:
-        self.app = app
+        super().__init__(app, TOMBSTONES)
         self.views = list(views)  # SqlObligationView: .table, .runner.tracking_table
-        self.dialect: SqlDialect = dialect_for(app.recorder)
-        self.postgres = self.dialect.name == "postgres"
-        self.events = self.dialect.table(app.recorder.events_table_name)
-        self.tombstones = self.dialect.table(TOMBSTONES)
         self.index = next(v for v in self.views if v.name == "obligation_index")
 
     # -- the tombstone table and its guard --------------------------------------------------
@@ -67,43 +64,7 @@ class SqlRetention:
                 "error_class TEXT, abandon_reason TEXT, events INTEGER NOT NULL, "
                 "pruned_at BIGINT NOT NULL, archive TEXT NOT NULL)"
             )
-            if self.postgres:
-                schema = self.dialect.datastore.schema
-                c.execute(
-                    f'CREATE OR REPLACE FUNCTION "{schema}".{GUARD}() RETURNS trigger AS $$ '
-                    f"BEGIN IF NEW.originator_version = 1 AND EXISTS (SELECT 1 FROM "
-                    f"{self.tombstones} WHERE aggregate_id = NEW.originator_id) THEN "
-                    "RAISE EXCEPTION 'obligation % was pruned', NEW.originator_id "
-                    "USING ERRCODE = 'unique_violation'; END IF; RETURN NEW; END $$ "
-                    "LANGUAGE plpgsql"
-                )
-                c.execute(f"DROP TRIGGER IF EXISTS {GUARD} ON {self.events}")
-                c.execute(
-                    f"CREATE TRIGGER {GUARD} BEFORE INSERT ON {self.events} "
-                    f'FOR EACH ROW EXECUTE FUNCTION "{schema}".{GUARD}()'
-                )
-            else:
-                c.execute(
-                    f"CREATE TRIGGER IF NOT EXISTS {GUARD} BEFORE INSERT ON {self.events} "
-                    "WHEN NEW.originator_version = 1 AND EXISTS (SELECT 1 FROM "
-                    f"{self.tombstones} WHERE aggregate_id = NEW.originator_id) "
-                    "BEGIN SELECT RAISE(ABORT, 'UNIQUE constraint failed: pruned obligation'); "
-                    "END"
-                )
-
-    def exists(self) -> bool:
-        with self.dialect.read_cursor() as c:
-            if self.postgres:
-                c.execute("SELECT to_regclass(%s) IS NOT NULL AS n", (self.tombstones,))
-            else:
-                c.execute(
-                    "SELECT COUNT(*) AS n FROM sqlite_master WHERE type='table' AND name=?",
-                    (TOMBSTONES,),
-                )
-            return bool(c.fetchone()["n"])
-
-    def key(self, aggregate_id: UUID) -> Any:
-        return aggregate_id if self.postgres else aggregate_id.hex
+            self.create_guard(c, GUARD, first_only=True, what="obligation")
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -148,29 +109,6 @@ class SqlRetention:
             )
             for r in rows
         ]
-
-    def streams(self, aggregate_ids: Sequence[UUID]) -> dict[UUID, list[tuple[int, str, bytes]]]:
-        """Each stream's stored events (version, topic, state as stored: still sealed)."""
-        found: dict[UUID, list[tuple[int, str, bytes]]] = {a: [] for a in aggregate_ids}
-        if not aggregate_ids:
-            return found
-        marks = ", ".join("?" * len(aggregate_ids))
-        with self.dialect.read_cursor() as c:
-            c.execute(
-                self.dialect.sql(
-                    "SELECT originator_id, originator_version, topic, state FROM "
-                    f"{self.events} WHERE originator_id IN ({marks}) "
-                    "ORDER BY originator_id, originator_version"
-                ),
-                [self.key(a) for a in aggregate_ids],
-            )
-            for r in c.fetchall():
-                oid = r["originator_id"]
-                uuid = oid if isinstance(oid, UUID) else UUID(str(oid))
-                found[uuid].append(
-                    (int(r["originator_version"]), str(r["topic"]), bytes(r["state"]))
-                )
-        return found
 
     def forget_tombstones(self, pruned_before: datetime) -> int:
         """Delete the tombstones of obligations pruned before ``pruned_before``: their ids
@@ -222,8 +160,8 @@ class SqlRetention:
                 c.execute(f"LOCK TABLE {self.events} IN SHARE ROW EXCLUSIVE MODE")
             positions = [self._position(c, view) for view in self.views]
             applied = min(positions) if positions else 0
-            newest = self._newest(c)
-            ends = self._stream_ends(c, [UUID(t.aggregate_id) for t in tombstones])
+            newest = self.newest(c)
+            ends = self.stream_ends(c, [UUID(t.aggregate_id) for t in tombstones])
             for stone in tombstones:
                 last, top = ends.get(UUID(stone.aggregate_id), (0, 0))
                 if last != stone.events or top > applied or top >= newest:
@@ -232,10 +170,7 @@ class SqlRetention:
             if removed:
                 keys = [self.key(UUID(t.aggregate_id)) for t in removed]
                 marks = ", ".join("?" * len(removed))
-                c.execute(
-                    self.dialect.sql(f"DELETE FROM {self.events} WHERE originator_id IN ({marks})"),
-                    keys,
-                )
+                self.delete_streams(c, [self.events], keys)
                 for view in self.views:
                     c.execute(
                         self.dialect.sql(
@@ -262,34 +197,6 @@ class SqlRetention:
         )
         row = c.fetchone()
         return int(row["notification_id"]) if row else 0
-
-    def _nid(self) -> str:
-        return "notification_id" if self.postgres else "rowid"
-
-    def _newest(self, c: Cursor) -> int:
-        if self.postgres:
-            return 1 << 62  # a sequence never hands an id out twice
-        c.execute(f"SELECT MAX(rowid) AS n FROM {self.events}")
-        return int(c.fetchone()["n"] or 0)
-
-    def _stream_ends(self, c: Cursor, aggregates: Sequence[UUID]) -> dict[UUID, tuple[int, int]]:
-        """Each stream's last version and the notification id of its last event."""
-        if not aggregates:
-            return {}
-        marks = ", ".join("?" * len(aggregates))
-        c.execute(
-            self.dialect.sql(
-                f"SELECT originator_id, MAX(originator_version) AS v, MAX({self._nid()}) AS n "
-                f"FROM {self.events} WHERE originator_id IN ({marks}) GROUP BY originator_id"
-            ),
-            [self.key(a) for a in aggregates],
-        )
-        ends = {}
-        for row in c.fetchall():
-            oid = row["originator_id"]
-            uuid = oid if isinstance(oid, UUID) else UUID(str(oid))
-            ends[uuid] = (int(row["v"] or 0), int(row["n"] or 0))
-        return ends
 
 
 def _row(stone: Tombstone) -> tuple[Any, ...]:
