@@ -353,12 +353,7 @@ class DeliveryObligation(Aggregate):
         fence: int
 
         def apply(self, obligation: DeliveryObligation) -> None:
-            obligation.state = ObligationState.PENDING
-            obligation.owner = self.by
-            obligation.fence = self.fence
-            obligation.recovery_attempts = 0
-            obligation.retry_after = None
-            obligation.last_transition_at = self.timestamp
+            obligation.owed_again(by=self.by, fence=self.fence, at=self.timestamp)
 
     class DeadLetterRetried(Event):
         """An operator sends a dead letter (abandoned, readable) again, on the record: it is
@@ -375,13 +370,8 @@ class DeliveryObligation(Aggregate):
         recorded_at: datetime
 
         def apply(self, obligation: DeliveryObligation) -> None:
-            obligation.state = ObligationState.PENDING
-            obligation.owner = self.by
-            obligation.fence = self.fence
-            obligation.recovery_attempts = 0
-            obligation.retry_after = None
+            obligation.owed_again(by=self.by, fence=self.fence, at=self.timestamp)
             obligation.abandon_reason = None
-            obligation.last_transition_at = self.timestamp
 
     class Abandoned(Event):
         """Given up on: a dead letter. Version 2 (0.2.0) carries ``error_class``, the class
@@ -528,6 +518,17 @@ class DeliveryObligation(Aggregate):
 
         def apply(self, obligation: DeliveryObligation) -> None:
             obligation.last_transition_at = self.timestamp
+
+    def owed_again(self, *, by: OwnerIdentity, fence: int, at: datetime) -> None:
+        """What an operator's retry does to the state (``RetryRequested``,
+        ``DeadLetterRetried``): owed again, the operator its owner, a fresh recovery budget.
+        Called only from those events' ``apply``."""
+        self.state = ObligationState.PENDING
+        self.owner = by
+        self.fence = fence
+        self.recovery_attempts = 0
+        self.retry_after = None
+        self.last_transition_at = at
 
     # -- creation ---------------------------------------------------------------------------
 
