@@ -43,8 +43,8 @@ class SessionSummary:
 
 
 def list_sessions(store: SessionsApplication) -> tuple[SessionSummary, ...]:
-    """Every session, oldest first, from the log's Started, Reset and Reopened events
-    only; a pruned one from its tombstone."""
+    """Every session, from the log's Started, Reset and Reopened events only, in the
+    order they started; pruned ones (from their tombstones) before them."""
     started_topic = get_topic(Session.Started)
     reset_topic = get_topic(Session.Reset)
     reopened_topic = get_topic(Session.Reopened)
@@ -91,7 +91,8 @@ def list_sessions(store: SessionsApplication) -> tuple[SessionSummary, ...]:
         for t in store.pruned_sessions()
     )
     live = tuple(SessionSummary(**v) for v in found.values())
-    return tuple(sorted(pruned + live, key=lambda s: (s.created_at, s.session_id)))
+    # The pruned first, then the rest in the log's order, as every release listed them.
+    return tuple(sorted(pruned, key=lambda s: (s.created_at, s.session_id))) + live
 
 
 def pruned_to(stone: SessionTombstone) -> str:
