@@ -74,3 +74,12 @@ def test_a_newer_store_is_read_only_for_readers_and_refused_to_writers(
     )
     assert retry.returncode == 2
     assert "9.1.0" in retry.stderr and running_release() in retry.stderr
+
+
+def test_the_running_release_is_the_projects_version() -> None:
+    """One version: the code's own constant is pyproject.toml's, so a store's marker
+    names the release that was built (read without the installed package's metadata)."""
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
+    assert running_release() == project["project"]["version"]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Mapping
-from importlib import metadata
 from pathlib import Path
 
 from gateway_ledger.domain.errors import LedgerError
@@ -21,19 +20,22 @@ from gateway_ledger.infrastructure.eventstore.sql_dialect import SqlDialect
 
 STORE_TABLE = "gateway_ledger_store"
 RELEASE = "release"
-PACKAGE = "gateway-ledger"
 
 
 class NewerStore(LedgerError):
     """The store was written by a newer release than the running code: writing refused."""
 
 
+THIS_RELEASE = "0.2.0"
+"""This code's release: ``[project] version`` in pyproject.toml, which a test keeps equal.
+Written here, not read from the installed package's metadata: a process that cannot read
+the metadata (another user, a copied tree, a zipapp) would take itself for release 0 and
+refuse to write every store."""
+
+
 def running_release() -> str:
-    """This code's release (the installed package's version)."""
-    try:
-        return metadata.version(PACKAGE)
-    except metadata.PackageNotFoundError:  # pragma: no cover (always installed here)
-        return "0"
+    """This code's release."""
+    return THIS_RELEASE
 
 
 def release_key(release: str) -> tuple[int, ...]:
