@@ -42,8 +42,8 @@ def test_event_bodies_and_decorated_methods_are_mutated() -> None:
     idents = {m.ident for m in mutants_of("domain/delivery/obligation.py")}
     late = "domain/delivery/obligation.py::DeliveryObligation.LateResultReported.apply: "
     assert late + "delete 'obligation.marker = self.marker_after(obligation.marker)'" in idents
-    retry = "domain/delivery/obligation.py::DeliveryObligation.RetryRequested.apply: "
-    assert retry + "delete 'obligation.recovery_attempts = 0'" in idents
+    retry = "domain/delivery/obligation.py::DeliveryObligation.owed_again: "
+    assert retry + "delete 'self.recovery_attempts = 0'" in idents
     rule = {m.ident for m in mutants_of("domain/delivery/marker.py")}
     assert (
         "domain/delivery/marker.py::SendFact.late_result: "
