@@ -67,6 +67,18 @@ class StreamPruning:
                 )
             return bool(c.fetchone()["n"])
 
+    def tombstone_row(self, aggregate_id: UUID) -> dict[str, Any] | None:
+        """The tombstone row of one pruned stream (None: not pruned, or nothing ever was)."""
+        if not self.exists():
+            return None
+        with self.dialect.read_cursor() as c:
+            c.execute(
+                self.dialect.sql(f"SELECT * FROM {self.tombstones} WHERE aggregate_id = ?"),
+                (self.key(aggregate_id),),
+            )
+            row = c.fetchone()
+        return None if row is None else dict(row)
+
     def key(self, aggregate_id: UUID) -> Any:
         return aggregate_id if self.postgres else aggregate_id.hex
 

@@ -137,15 +137,8 @@ class SqlRetention(StreamPruning):
             return int(c.fetchone()["n"])
 
     def tombstone(self, aggregate_id: UUID) -> Tombstone | None:
-        if not self.exists():
-            return None
-        with self.dialect.read_cursor() as c:
-            c.execute(
-                self.dialect.sql(f"SELECT * FROM {self.tombstones} WHERE aggregate_id = ?"),
-                (self.key(aggregate_id),),
-            )
-            row = c.fetchone()
-        return None if row is None else _tombstone(dict(row))
+        row = self.tombstone_row(aggregate_id)
+        return None if row is None else _tombstone(row)
 
     # -- the batch ------------------------------------------------------------------------------
 

@@ -65,15 +65,8 @@ class SqlSessionRetention(StreamPruning):
             return [_tombstone(dict(r)) for r in c.fetchall()]
 
     def tombstone(self, aggregate_id: UUID) -> SessionTombstone | None:
-        if not self.exists():
-            return None
-        with self.dialect.read_cursor() as c:
-            c.execute(
-                self.dialect.sql(f"SELECT * FROM {self.tombstones} WHERE aggregate_id = ?"),
-                (self.key(aggregate_id),),
-            )
-            row = c.fetchone()
-        return None if row is None else _tombstone(dict(row))
+        row = self.tombstone_row(aggregate_id)
+        return None if row is None else _tombstone(row)
 
     def remove(
         self, tombstones: Sequence[SessionTombstone]
