@@ -121,10 +121,7 @@ def run_list(args: argparse.Namespace) -> int:
 def run_show(args: argparse.Namespace) -> int:
     from gateway_ledger.entrypoints.commands import history
 
-    args.at = None
-    args.archive = None
-    args.correlation = None
-    return history.run(args)
+    return history.show(open_ledger(args.db), args.obligation_id, as_json=args.json)
 
 
 def run_retry(args: argparse.Namespace) -> int:

@@ -127,14 +127,28 @@ def run(args: argparse.Namespace) -> int:
     if not args.obligation_id:
         raise usage_error("history needs an obligation ID, or --correlation CID")
     at = parse_moment(args.at, name="--at") if args.at else None
-    ledger = open_ledger(args.db)
-    if args.archive:
-        timeline = bootstrap.archived_timeline(ledger, args.obligation_id, args.archive, at)
+    return show(
+        open_ledger(args.db), args.obligation_id, at=at, archive=args.archive, as_json=args.json
+    )
+
+
+def show(
+    ledger: Any,
+    obligation_id: str,
+    *,
+    at: Any = None,
+    archive: str | None = None,
+    as_json: bool = False,
+) -> int:
+    """One obligation's history (or its past state ``at``), from the store or ``archive``;
+    also ``dead-letters show``."""
+    if archive:
+        timeline = bootstrap.archived_timeline(ledger, obligation_id, archive, at)
     else:
         try:
-            timeline = ledger.timeline(args.obligation_id, at)
+            timeline = ledger.timeline(obligation_id, at)
         except NotFound:
-            stone = ledger.tombstone(args.obligation_id)
+            stone = ledger.tombstone(obligation_id)
             if stone is None:
                 raise
             where = (
@@ -146,10 +160,10 @@ def run(args: argparse.Namespace) -> int:
                 f"resolved {stone.resolved_at.isoformat()}"
             )
             raise LedgerError(
-                f"obligation {args.obligation_id} was {stone.state} and pruned at "
+                f"obligation {obligation_id} was {stone.state} and pruned at "
                 f"{stone.pruned_at.isoformat()}; {where}"
             ) from None
-    if args.json:
+    if as_json:
         print_json(timeline.to_dict())
         return 0
     status = timeline.status
