@@ -322,6 +322,9 @@ class LedgerPolicy:
         default=(timedelta(seconds=30), timedelta(seconds=120))
     )
     max_retry_after: timedelta = attrs.field(default=timedelta(minutes=15))
+    order_wait: timedelta = attrs.field(default=timedelta(minutes=2))
+    """How long a reply waits behind an earlier unresolved reply to the same chat before
+    it goes anyway, recording ``OrderReleased`` (ADR 0059)."""
 
     def is_stale(self, recorded_at: datetime, now: datetime) -> bool:
         return now - recorded_at >= self.stale_after

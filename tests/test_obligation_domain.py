@@ -69,6 +69,8 @@ STORED_EVENTS = (
     "Reconciled",
     "StatusReported",
     "Imported",
+    "Waited",
+    "OrderReleased",
 )
 
 

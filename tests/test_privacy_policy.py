@@ -167,6 +167,15 @@ def write_every_event_type(ledger: DeliveryLedger, store: SessionStore) -> None:
     ledger.abandon("o-dropped", "operator", "abandon-detail-PII-4711")
     retry_dead_letter(ledger, "o-dropped", "ops")  # DeadLetterRetried
     ledger.record_obligation(
+        obligation_id="o-paced", session_key=key, platform="telegram", chat_id="c", content="z"
+    )
+    obligation = ledger.repository.get(DeliveryObligation.create_id("o-paced"))
+    obligation.note_wait(by=ledger.owner, now=ledger.clock(), reason="rate", seconds=0.5)
+    obligation.release_order(  # OrderReleased: it went before o-dropped, owed again
+        by=ledger.owner, now=ledger.clock(), behind="o-dropped", reason="timeout", waited=120.0
+    )
+    ledger.save(obligation)  # Waited, OrderReleased
+    ledger.record_obligation(
         obligation_id="o-rotten", session_key=key, platform="telegram", chat_id="c", content="y"
     )
     obligation = ledger.repository.get(DeliveryObligation.create_id("o-rotten"))

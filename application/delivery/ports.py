@@ -11,6 +11,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
+from gateway_ledger.application.delivery.rate_limits import RateLimits
 from gateway_ledger.domain.values import DeliveryTarget, ErrorClass, MediaItem
 
 DUPLICATE_NOTICE = (
@@ -42,6 +43,9 @@ class SendResult:
     error_class: ErrorClass | None = attrs.field(
         default=None, converter=attrs.converters.optional(ErrorClass)
     )
+    retry_scope: str = attrs.field(default="chat", validator=attrs.validators.in_(("chat", "bot")))
+    """What a ``retry_after`` pauses: the chat it was sent to, or the whole bot (every
+    chat of the platform) when the platform says the account's budget is spent."""
 
     @classmethod
     def ok(cls, *message_ids: str) -> SendResult:
@@ -49,10 +53,18 @@ class SendResult:
 
     @classmethod
     def failed(
-        cls, error_class: ErrorClass | str, error: str = "", retry_after: float | None = None
+        cls,
+        error_class: ErrorClass | str,
+        error: str = "",
+        retry_after: float | None = None,
+        retry_scope: str = "chat",
     ) -> SendResult:
         return cls(
-            success=False, error=error, retry_after=retry_after, error_class=ErrorClass(error_class)
+            success=False,
+            error=error,
+            retry_after=retry_after,
+            error_class=ErrorClass(error_class),
+            retry_scope=retry_scope,
         )
 
 
@@ -63,6 +75,10 @@ class PlatformAdapter(Protocol):
     ``send`` must not raise for platform errors it can classify; it returns a failed
     :class:`SendResult` instead. Anything it raises is treated as *ambiguous* (the request
     may have reached the platform), so the next send of that reply carries the marker.
+
+    An adapter may also declare ``rate_limits`` (a ``RateLimits``; ``rate_limits.py`` has
+    presets): every send through it, live, retried or recovered, is then paced by them
+    (ADR 0059). None declared: nothing is paced.
     """
 
     platform: str
@@ -87,6 +103,7 @@ class AdapterBase:
 
     platform: str = ""
     supports_idempotency: bool = False
+    rate_limits: RateLimits | None = None
 
     def render_duplicate_notice(self, content: str) -> str:
         return default_duplicate_notice(content)

@@ -104,6 +104,8 @@ DELIVERY_PRIVACY = PrivacyPolicy(
             "previous_owner_gone",
         ),
     ),
+    InClear(DeliveryObligation.Waited, ("by", "reason", "seconds")),
+    InClear(DeliveryObligation.OrderReleased, ("by", "behind", "reason", "waited")),
     InClear(DeliveryObligation.RetryRequested, ("by", "previous_owner", "requested_by", "fence")),
     InClear(
         DeliveryObligation.DeadLetterRetried,

@@ -19,6 +19,7 @@ from uuid import NAMESPACE_URL, UUID, uuid5
 from eventsourcing.domain import Aggregate
 
 from gateway_ledger.domain.delivery.marker import NOTHING_SENT, Marker, SendFact, marker_after
+from gateway_ledger.domain.delivery.ordering import OrderRelease, WaitReason, require_wait
 from gateway_ledger.domain.delivery.reconciliation import (
     ACCEPTED_RANK,
     PlatformStatus,
@@ -153,6 +154,10 @@ class DeliveryObligation(Aggregate):
     """How often a platform dropped a send of it after accepting it (each reopened it)."""
     stray_send_possible: bool
     """A claim took it from an owner only presumed gone, whose send may still land."""
+    paced_seconds: float
+    """How long its sends waited for order and for the rate budget (ADR 0059)."""
+    released_behind: list[str]
+    """The earlier replies to its chat it went before, order given up (ADR 0059)."""
 
     # -- events -----------------------------------------------------------------------------
     #
@@ -218,6 +223,8 @@ class DeliveryObligation(Aggregate):
             obligation.status_message_id = None
             obligation.failures_after_acceptance = 0
             obligation.stray_send_possible = False
+            obligation.paced_seconds = 0.0
+            obligation.released_behind = []
 
     class Attempting(Event):
         """The owner starts a send. ``guard``: what the sender did against an unannounced
@@ -345,6 +352,33 @@ class DeliveryObligation(Aggregate):
                 self.previous_owner_gone
             )
             obligation.last_transition_at = self.timestamp
+
+    class Waited(Event):
+        """Its send waited ``seconds``, and why (a :class:`WaitReason`): behind an earlier
+        reply to the same chat, for the rate budget, or out a pause the platform asked
+        for (ADR 0059). A fact for the history and the pacing figures: it changes no
+        state a send depends on."""
+
+        by: OwnerIdentity
+        reason: str
+        seconds: float
+
+        def apply(self, obligation: DeliveryObligation) -> None:
+            obligation.paced_seconds += self.seconds
+
+    class OrderReleased(Event):
+        """It went to its chat before ``behind``, an earlier reply to the same chat that
+        was still unresolved: order was given up, and why (an :class:`OrderRelease`),
+        after ``waited`` seconds (ADR 0059). Recorded before the send it allows, so no
+        reply ever overtakes another without a trace."""
+
+        by: OwnerIdentity
+        behind: str
+        reason: str
+        waited: float
+
+        def apply(self, obligation: DeliveryObligation) -> None:
+            obligation.released_behind.append(self.behind)
 
     class RetryRequested(Event):
         by: OwnerIdentity
@@ -663,6 +697,11 @@ class DeliveryObligation(Aggregate):
         if self.fence > 0 and by != self.owner:
             raise self._refuse("attempting", f"claimed by {self.owner.describe()}; fenced out")
 
+    def check_holder(self, transition: str, by: OwnerIdentity) -> None:
+        """Only its owner, who is sending it, says how its send was paced."""
+        if by != self.owner:
+            raise self._refuse(transition, f"owned by {self.owner.describe()}")
+
     def check_part_index(self, index: object) -> None:
         """A part is named by its index in this reply (text chunks, then media items)."""
         if not isinstance(index, int) or isinstance(index, bool):
@@ -978,6 +1017,44 @@ class DeliveryObligation(Aggregate):
             timestamp=now,
         )
         return True
+
+    def note_wait(
+        self, *, by: OwnerIdentity, now: datetime, reason: WaitReason | str, seconds: float
+    ) -> None:
+        """Its owner held its send back for ``seconds`` (order, rate budget, a pause)."""
+        require_aware("now", now)
+        said = require_choice("wait reason", reason, WaitReason)
+        seconds = require_wait("seconds", seconds)
+        self.check_state("waited", *UNRESOLVED_STATES)
+        self.check_holder("waited", by)
+        self.trigger_event(self.Waited, by=by, reason=said.value, seconds=seconds, timestamp=now)
+
+    def release_order(
+        self,
+        *,
+        by: OwnerIdentity,
+        now: datetime,
+        behind: str,
+        reason: OrderRelease | str,
+        waited: float,
+    ) -> None:
+        """Its owner sends it before ``behind``, an earlier unresolved reply to its chat."""
+        require_aware("now", now)
+        behind = require_obligation_id(behind)
+        said = require_choice("order release reason", reason, OrderRelease)
+        waited = require_wait("waited", waited)
+        self.check_state("order released", *UNRESOLVED_STATES)
+        self.check_holder("order released", by)
+        if behind == self.obligation_id:
+            raise self._refuse("order released", "a reply is never behind itself")
+        self.trigger_event(
+            self.OrderReleased,
+            by=by,
+            behind=behind,
+            reason=said.value,
+            waited=waited,
+            timestamp=now,
+        )
 
     def request_retry(self, *, by: OwnerIdentity, now: datetime, requested_by: str = "") -> None:
         """An operator asks for another try: any gateway's next sweep may claim it at once.
