@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
@@ -287,7 +288,9 @@ def test_history_correlation_shows_one_turn_across_sessions_and_the_ledger(
                 sessions.append(ctx, "user", "what is the answer?", "in-9")
                 out = await gw.deliver(CTX, Reply(TEXT), "in-9")
                 sessions.append(ctx, "assistant", TEXT)
-            other = await gw.deliver(CTX, Reply("another turn"), "in-10")
+            # another chat: a reply to the same one would wait for the failed one's retry
+            elsewhere = attrs.evolve(CTX, chat_id="5566778899")
+            other = await gw.deliver(elsewhere, Reply("another turn"), "in-10")
             await gw.flush()
             assert out.status == "failed" and other.obligation_id != out.obligation_id
             gw.ledger.retry(out.obligation_id, by_operator="alice")

@@ -194,6 +194,20 @@ def test_a_failed_earlier_part_is_sent_again_alone() -> None:
     assert agg.delivered_parts["2"] == ["m2"]
 
 
+def test_a_second_part_dropped_while_reopened_is_owed_again_too() -> None:
+    """Two parts dropped after acceptance: the second callback lands while the first has
+    reopened it; it is recorded, and both parts are sent again (none lost)."""
+    agg = delivered(("aa", "bb", "cc"))
+    assert agg.report_status(status="failed_after_acceptance", at=T0, now=T0, message_id="m0")
+    assert agg.report_status(status="failed_after_acceptance", at=T0, now=T0, message_id="m2")
+    assert not agg.part_delivered(0) and not agg.part_delivered(2)
+    assert agg.part_delivered(1) and agg.failures_after_acceptance == 2
+    # the same callback again changes nothing; one about an unknown message neither
+    assert not agg.report_status(status="failed_after_acceptance", at=T0, now=T0, message_id="m2")
+    with pytest.raises(IllegalTransition, match="status failed_after_acceptance"):
+        agg.report_status(status="failed_after_acceptance", at=T0, now=T0, message_id="zz")
+
+
 def test_a_status_before_delivered_is_refused_by_name() -> None:
     agg = obligation()
     agg.start_attempt(by=A, now=T0)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -23,6 +23,7 @@ from gateway_ledger.application.delivery.deadlines import Deadlines
 from gateway_ledger.application.delivery.late_results import record_results, results_of
 from gateway_ledger.application.delivery.ledger import DeliveryLedger
 from gateway_ledger.application.delivery.ledger_ports import EventWriter, Written
+from gateway_ledger.application.delivery.pacing import NO_WAIT, Pacer, Place
 from gateway_ledger.application.delivery.ports import (
     PlatformAdapter,
     Reply,
@@ -30,6 +31,7 @@ from gateway_ledger.application.delivery.ports import (
     SendResult,
     render_duplicate_notice,
 )
+from gateway_ledger.application.delivery.rate_limits import limits_of
 from gateway_ledger.application.delivery.reconciliation import (
     DEFAULT_RECONCILE_DEADLINE,
     ReconcileQuery,
@@ -43,6 +45,7 @@ from gateway_ledger.application.delivery.scheduling import Scheduler
 from gateway_ledger.application.observability import causes, tracing
 from gateway_ledger.domain.delivery.marker import send_guard
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation, compute_obligation_id
+from gateway_ledger.domain.delivery.ordering import WaitReason
 from gateway_ledger.domain.errors import (
     ConcurrentUpdate,
     ConflictingRecord,
@@ -152,6 +155,10 @@ class Flight:
     record_unconfirmed: bool = False
     """Its record timed out: the id may have been recorded before, by a gateway that
     delivered the same turn (a restart re-runs it), and then it is not sent again."""
+    place: Place | None = None
+    """Its place in its chat's queue (ADR 0059); None: not ordered (untracked)."""
+    turn_taken: bool = False
+    """It has waited for its turn once: retries and later parts do not wait again."""
 
     @property
     def oid(self) -> str:
@@ -187,6 +194,12 @@ class Courier:
         """Asks reconciling adapters before a re-send (ADR 0050)."""
         self.background: set[asyncio.Task[None]] = set()
         """Late-result reports running detached (``flush`` waits for them)."""
+        self.pacer = Pacer(
+            order_wait=ledger.policy.order_wait.total_seconds(), recheck=self._still_unresolved
+        )
+        """Per-chat order and the rate budget of every send (ADR 0059)."""
+        self.on_pause: Any = None
+        """Told of a bot-wide ``retry_after`` (platform, seconds), to share it (ADR 0060)."""
 
     @property
     def ledger_deadline(self) -> float:
@@ -211,6 +224,16 @@ class Courier:
     def close(self) -> None:
         self.deadlines.close()
 
+    def add_adapter(self, adapter: PlatformAdapter) -> None:
+        """Its declared limits pace every send through it (ADR 0059)."""
+        limits = limits_of(adapter)
+        if limits.limited:
+            self.pacer.add_platform(adapter.platform, limits)
+
+    async def _still_unresolved(self, obligation_ids: list[str]) -> Collection[str]:
+        """The store's word on other gateways' replies that hold a queue."""
+        return await self.writer.read(self.ledger.unresolved_among, obligation_ids)
+
     def skip_reason(self, context: ReplyContext, reply: Reply) -> str | None:
         if (not reply.content or reply.content.isspace()) and not reply.media:
             return "empty"
@@ -231,7 +254,17 @@ class Courier:
         if reason is not None:
             return await self._send_unrecorded(context, reply, inbound_message_id, reason)
         oid = compute_obligation_id(context.session_key, inbound_message_id or "", reply.content)
+        try:
+            return await self._deliver(oid, context, reply, inbound_message_id)
+        except asyncio.CancelledError:
+            self.pacer.park_id(oid)  # its sender was stopped: later replies need not wait
+            raise
+
+    async def _deliver(
+        self, oid: str, context: ReplyContext, reply: Reply, inbound_message_id: str | None
+    ) -> DeliveryOutcome:
         adapter = self.adapters.get(context.platform)
+        place: Place | None = None
         # A new reply: nothing of it can have arrived yet.
         guard = SendGuard.NONE if adapter is None else _guard_for(adapter, False)
         try:
@@ -247,10 +280,16 @@ class Courier:
                 metadata=reply.metadata,
                 parts=reply.parts,
             )
-            if adapter is not None:
+            # Nothing ahead in its chat and the budget free: recorded and attempting in
+            # one commit. Else it is recorded alone and attempts when its turn comes.
+            place = None if adapter is None else self.pacer.enter(oid, agg.target, agg.recorded_at)
+            waits = place is not None and self.pacer.would_wait(place, agg.target)
+            if adapter is not None and not waits:
                 agg.start_attempt(by=self.owner, now=self._now(), guard=guard)
         except LedgerError as e:
             # Refused input is a ledger fault toward the gateway: the reply still goes out.
+            if place is not None:
+                self.pacer.leave(place)
             self.fault(oid, "record", e)
             if adapter is None:
                 return DeliveryOutcome(status="failed", obligation_id=oid, ledger_fault=True)
@@ -268,12 +307,16 @@ class Courier:
             with tracing.span("record", obligation_id=oid, platform=context.platform):
                 await self._durable(waiter)
         except ConcurrentUpdate:
+            if place is not None:
+                self.pacer.leave(place)
             if await self._already_recorded(agg):
                 return DeliveryOutcome(status="already_recorded", obligation_id=oid)
             if adapter is None:
                 return DeliveryOutcome(status="failed", obligation_id=oid, ledger_fault=True)
             return await self._send_untracked(oid, context, reply, inbound_message_id, adapter)
         except SessionErased:
+            if place is not None:
+                self.pacer.leave(place)
             return self._erased(oid, "record")
         except Exception as e:
             self.fault(oid, "record", e)
@@ -295,8 +338,13 @@ class Courier:
             lease_epoch=epoch,
             unproven=timed_out,
             record_unconfirmed=timed_out,
+            place=place,
         )
         flight.last_write = future
+        if waits:
+            outcome = await self._take_turn(flight, attempt=True)
+            if outcome is not None:
+                return self._settled(flight, outcome)
         return await self._send(flight)
 
     async def _durable(self, waiter: asyncio.Future[None]) -> None:
@@ -428,8 +476,83 @@ class Courier:
             return
         self.counters.late_results += late
 
+    async def _take_turn(self, flight: Flight, *, attempt: bool) -> DeliveryOutcome | None:
+        """Wait for its turn in its chat and for the budget, then record why it waited,
+        whom it goes before (durably, before the send it allows) and, for a reply not yet
+        attempting, ``Attempting``. None: go on and send; else what stopped it."""
+        flight.turn_taken = True
+        agg = flight.agg
+        turn = NO_WAIT if flight.place is None else await self.pacer.turn(flight.place)
+        self._note_wait(flight, WaitReason.ORDER.value, turn.waited)
+        for behind, why in turn.released:
+            log.info("obligation %s goes before %s: order released (%s)", flight.oid, behind, why)
+            self._apply(
+                flight,
+                lambda b=behind, w=why: agg.release_order(
+                    by=self.owner, now=self._now(), behind=b, reason=w, waited=turn.waited
+                ),
+            )
+        if attempt:
+            waited, held = await self.pacer.ready(agg.target)
+            self._note_wait(flight, held, waited)
+            flight.guard = _guard_for(flight.adapter, agg.may_have_arrived)
+            guard = flight.guard
+            self._apply(
+                flight, lambda: agg.start_attempt(by=self.owner, now=self._now(), guard=guard)
+            )
+        if not (attempt or turn.released) or not agg.pending_events:
+            return None
+        await self._write(flight, "attempting" if attempt else "order released")
+        if flight.erased:
+            return self._erased(flight.oid, "turn")
+        if flight.conflicted:
+            return DeliveryOutcome(status="superseded", obligation_id=flight.oid)
+        return None
+
+    def _note_wait(self, flight: Flight, reason: str, seconds: float) -> None:
+        """A wait worth recording (and measuring): written with the flight's next write."""
+        if seconds <= 0 or not reason:
+            return
+        self.ledger.measures.paced_wait(reason, seconds)
+        agg = flight.agg
+        self._apply(
+            flight,
+            lambda: agg.note_wait(by=self.owner, now=self._now(), reason=reason, seconds=seconds),
+        )
+
+    def _give_up_place(self, flight: Flight) -> None:
+        """It will not be sent from here: resolved, or another writer's now."""
+        if flight.place is not None:
+            if flight.conflicted:
+                self.pacer.hand_over(flight.place)
+            else:
+                self.pacer.leave(flight.place)
+
+    def _settled(self, flight: Flight, outcome: DeliveryOutcome) -> DeliveryOutcome:
+        """Its place in the queue after this outcome: gone when resolved or no longer this
+        gateway's, held while a retry is scheduled, parked when left to a boot sweep."""
+        place = flight.place
+        if place is None:
+            return outcome
+        if outcome.status == "failed" and outcome.retry_in is not None:
+            return outcome
+        if outcome.status == "failed":
+            self.pacer.park(place)
+        elif outcome.status == "superseded" and flight.conflicted:
+            self.pacer.hand_over(place)
+        else:
+            self.pacer.leave(place)
+        return outcome
+
     async def _send(self, flight: Flight) -> DeliveryOutcome:
         """Send every unconfirmed part, in order, then settle the obligation."""
+        if not flight.turn_taken:
+            stopped = await self._take_turn(flight, attempt=False)
+            if stopped is not None:
+                return self._settled(flight, stopped)
+        return self._settled(flight, await self._send_parts(flight))
+
+    async def _send_parts(self, flight: Flight) -> DeliveryOutcome:
         agg, adapter = flight.agg, flight.adapter
         target = agg.target
         # A reconciling adapter gets the key too, to place on the message (ADR 0050).
@@ -442,6 +565,8 @@ class Courier:
             # Parts go one at a time and each is confirmed before the next: only the first
             # unconfirmed part can have reached the user unconfirmed, so only it is marked.
             mark = marker and n == 0
+            waited, why = await self.pacer.ready(target)  # the budget first: owner proven after
+            self._note_wait(flight, why, waited)
             if not self._owns(flight):
                 verdict = await self._prove_owner(flight)
                 if verdict == OWNER_SUPERSEDED and flight.record_unconfirmed:
@@ -461,6 +586,9 @@ class Courier:
                 mark = mark or verdict == OWNER_UNPROVEN
             text = render_duplicate_notice(adapter, part.text) if mark else part.text
             key = send_key(agg.obligation_id, part.index, single) if keyed else None
+            # The last await before the send: the instant it counts is the hand-off's.
+            waited, why = await self.pacer.hand_off(target)
+            self._note_wait(flight, why, waited)
             with tracing.span("send", obligation=agg, part=part.index) as opened:
                 result = await self._platform_send(adapter, target, text, part, agg, key)
                 tracing.annotate(opened, error_class=result.error_class)
@@ -597,6 +725,8 @@ class Courier:
         error_class = result.error_class or ErrorClass.AMBIGUOUS
         retry_after = result.retry_after
         now = self._now()
+        if error_class is ErrorClass.RATE_LIMITED:
+            self._pause(agg.target, result.retry_scope, retry_after)
         self._apply(
             flight,
             lambda: agg.fail(
@@ -652,15 +782,26 @@ class Courier:
             retry_in=delay,
         )
 
+    def _rate_limit_wait(self, retry_after: float | None) -> float:
+        """How long a 429 holds its scope: what the platform said, within the policy's cap."""
+        wait = DEFAULT_RATE_LIMIT_WAIT if retry_after is None else retry_after
+        return min(max(0.0, wait), self.policy.max_retry_after.total_seconds())
+
+    def _pause(self, target: DeliveryTarget, scope: str, retry_after: float | None) -> None:
+        """A platform's 429 holds every sender of its scope, not just this reply (ADR 0059);
+        a bot-wide one is shared with the store's other gateways (ADR 0060)."""
+        seconds = self._rate_limit_wait(retry_after)
+        self.pacer.pause(target, scope, seconds)
+        if scope == "bot" and self.on_pause is not None:
+            self.on_pause(target.platform, seconds)
+
     def _retry_delay(
         self, flight: Flight, error_class: ErrorClass, retry_after: float | None
     ) -> float | None:
-        cap = self.policy.max_retry_after.total_seconds()
         if error_class is ErrorClass.RATE_LIMITED:
             # Waiting out a rate limit is not an attempt: the budget below is untouched.
             self.counters.rate_limit_waits += 1
-            wait = DEFAULT_RATE_LIMIT_WAIT if retry_after is None else retry_after
-            return min(max(0.0, wait), cap)
+            return self._rate_limit_wait(retry_after)
         backoff = self.policy.retry_backoff
         if flight.runtime_retries >= len(backoff):
             return None
@@ -672,23 +813,32 @@ class Courier:
         agg = flight.agg
         if flight.conflicted or flight.erased:
             log.info("obligation %s not retried: another writer took it", flight.oid)
+            self._give_up_place(flight)
             return
         if flight.tracked:
             # Asked once per ambiguous failure: a rate limit's wait after it asks nothing.
             ambiguous = agg.error_class is ErrorClass.AMBIGUOUS
             if ambiguous and await self._settled_by_platform(flight):
+                self._give_up_place(flight)
                 return
             if flight.conflicted or flight.erased:
+                self._give_up_place(flight)
                 return
+            if agg.error_class is ErrorClass.RATE_LIMITED:
+                self.pacer.resume(agg.target)  # its retry_after is over: the scope goes on
+            waited, why = await self.pacer.ready(agg.target)  # the budget before Attempting
+            self._note_wait(flight, why, waited)
             flight.guard = _guard_for(flight.adapter, agg.may_have_arrived)
             try:
                 agg.start_attempt(by=self.owner, now=self._now(), guard=flight.guard)
             except LedgerError as e:
                 log.info("obligation %s not retried: %s", flight.oid, type(e).__name__)
+                self._give_up_place(flight)
                 return
             if not await self._write(flight, "attempting") and (flight.conflicted or flight.erased):
                 if flight.erased:
                     self._erased(flight.oid, "retry")
+                self._give_up_place(flight)
                 return
         else:
             # Untracked: its history here may be behind the store's, so assume an earlier
@@ -702,6 +852,15 @@ class Courier:
     # -- recovery -----------------------------------------------------------------------------
 
     async def recover(self, item: Mapping[str, Any], lease_epoch: int = 0) -> DeliveryOutcome:
+        """Re-send one claimed obligation (``prepare_recovery`` then ``send_recovered``)."""
+        return await self.send_recovered(await self.prepare_recovery(item, lease_epoch))
+
+    async def prepare_recovery(
+        self, item: Mapping[str, Any], lease_epoch: int = 0
+    ) -> Flight | DeliveryOutcome:
+        """Load a claimed obligation for sending and take its place in its chat's queue,
+        by when it was recorded: a boot prepares every claim before sending any, so the
+        recovered replies to one chat go in their order, and before its new replies."""
         oid = str(item["obligation_id"])
         adapter = self.adapters.get(str(item["platform"]))
         try:
@@ -719,7 +878,21 @@ class Courier:
         if adapter is None or agg.state is not ObligationState.CLAIMED or agg.owner != self.owner:
             return DeliveryOutcome(status="failed", obligation_id=oid)
         self.counters.recovered += 1
-        flight = Flight(agg=agg, adapter=adapter, lease_epoch=lease_epoch)
+        place = self.pacer.enter(oid, agg.target, agg.recorded_at)
+        return Flight(agg=agg, adapter=adapter, lease_epoch=lease_epoch, place=place)
+
+    async def send_recovered(self, prepared: Flight | DeliveryOutcome) -> DeliveryOutcome:
+        if isinstance(prepared, DeliveryOutcome):
+            return prepared
+        try:
+            return await self._send_recovered(prepared)
+        except asyncio.CancelledError:
+            self.pacer.park_id(prepared.oid)
+            raise
+
+    async def _send_recovered(self, prepared: Flight) -> DeliveryOutcome:
+        flight, oid = prepared, prepared.oid
+        agg = flight.agg
         with (
             tracing.span("recover", obligation=agg) as opened,
             causes.caused_by(f"recovery:{oid}"),
@@ -732,11 +905,14 @@ class Courier:
         """A claimed obligation: settled by the platform's answer, or sent (ADR 0050)."""
         agg, oid = flight.agg, flight.oid
         if await self._settled_by_platform(flight):
-            return DeliveryOutcome(
-                status="delivered", obligation_id=oid, message_ids=tuple(agg.receipt)
+            return self._settled(
+                flight,
+                DeliveryOutcome(
+                    status="delivered", obligation_id=oid, message_ids=tuple(agg.receipt)
+                ),
             )
         if flight.conflicted or flight.erased:
-            return DeliveryOutcome(status="superseded", obligation_id=oid)
+            return self._settled(flight, DeliveryOutcome(status="superseded", obligation_id=oid))
         log.info("obligation %s recovered marker=%s", oid, agg.arrived_before_this_send)
         # As Claimed decided, or as the platform's answer since then struck it off.
         flight.guard = _guard_for(flight.adapter, agg.arrived_before_this_send)

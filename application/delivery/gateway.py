@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -27,6 +27,7 @@ import attrs
 from gateway_ledger.application.delivery.flight import Courier, DeliveryOutcome
 from gateway_ledger.application.delivery.ledger import DeliveryLedger
 from gateway_ledger.application.delivery.ledger_ports import EventWriter
+from gateway_ledger.application.delivery.pacing import PacingStats, SharedBudget
 from gateway_ledger.application.delivery.ports import PlatformAdapter, Reply, ReplyContext
 from gateway_ledger.application.delivery.reconciliation import DEFAULT_RECONCILE_DEADLINE
 from gateway_ledger.application.delivery.recovery_port import RecoverySweep, ResumableSessions
@@ -37,6 +38,8 @@ from gateway_ledger.domain.values import LedgerPolicy, OwnerIdentity
 log = logging.getLogger("gateway_ledger.gateway")
 
 DEFAULT_COMMAND_PREFIXES = ("/", "!")
+DEFAULT_SHARE_PERIOD = 1.0
+"""Seconds between two renewals of this gateway's share of its bots' budgets (ADR 0060)."""
 DEFAULT_LEDGER_DEADLINE = 2.0
 """Seconds a send waits for its obligation to be durable before going out anyway."""
 
@@ -96,6 +99,9 @@ class GatewayStats:
     """Reconciliations that raised, came too late or made no sense (counted as unknown)."""
     status_reports: int = 0
     failed_after_acceptance: int = 0
+    pacing: PacingStats | None = None
+    """Replies waiting for their turn or the rate budget by platform, the oldest wait,
+    the pauses in force (ADR 0059)."""
 
 
 class Gateway:
@@ -117,8 +123,13 @@ class Gateway:
         ledger_deadline: float = DEFAULT_LEDGER_DEADLINE,
         write_behind: bool = True,
         reconcile_deadline: float = DEFAULT_RECONCILE_DEADLINE,
+        budget: SharedBudget | None = None,
+        share_period: float = DEFAULT_SHARE_PERIOD,
     ) -> None:
         self.ledger = ledger
+        self.budget = budget
+        self.share_period = share_period
+        self._sharing: asyncio.Task[None] | None = None
         self.sessions = sessions
         self.scheduler: Scheduler = scheduler or AsyncioScheduler()
         self.writer = writer
@@ -135,6 +146,7 @@ class Gateway:
             reconcile_deadline=reconcile_deadline,
         )
         self._closed = False
+        self._courier.on_pause = self._share_pause
 
     @property
     def ledger_deadline(self) -> float:
@@ -178,6 +190,7 @@ class Gateway:
 
     def add_adapter(self, adapter: PlatformAdapter) -> None:
         self._adapters[adapter.platform] = adapter
+        self._courier.add_adapter(adapter)
         attach = getattr(adapter, "attach_status_sink", None)
         if callable(attach):  # the status-callback hook (ADR 0050)
             attach(self.report_status)
@@ -197,6 +210,8 @@ class Gateway:
             connected.append(adapter.platform)
         platforms = frozenset(self._adapters)
         problem = await self._check_ledger()
+        if problem is None:
+            await self._join_budgets()
         recovery = RECOVERY_COMPLETE if problem is None else RECOVERY_NOT_RUN
         quarantined = 0
         claimed: list[dict[str, Any]] = []
@@ -212,7 +227,13 @@ class Gateway:
             quarantined = swept.quarantined
             if swept.quarantined or swept.errors:
                 recovery = RECOVERY_PARTIAL
-        outcomes = await asyncio.gather(*(self._courier.recover(item, epoch) for item in claimed))
+        # Every claim takes its place in its chat's queue before any is sent (ADR 0059).
+        prepared = await asyncio.gather(
+            *(self._courier.prepare_recovery(item, epoch) for item in claimed)
+        )
+        if problem is None:
+            await self._load_others_replies(platforms)
+        outcomes = await asyncio.gather(*(self._courier.send_recovered(p) for p in prepared))
         unsent = sum(1 for o in outcomes if o.status == "unsendable")
         if unsent:
             quarantined += unsent
@@ -260,6 +281,66 @@ class Gateway:
             quarantined=quarantined,
         )
 
+    async def _join_budgets(self) -> None:
+        """Take this gateway's share of each limited bot, and keep it (ADR 0060). Where
+        other gateways already send, this one waits a period first, so that each has
+        made room for it before it sends."""
+        pacer = self._courier.pacer
+        platforms = pacer.shared_platforms()
+        if self.budget is None or not platforms:
+            return
+        try:
+            shares = await self._renew_shares(platforms)
+        except Exception as e:
+            self._courier.fault("-", "budget", e)
+            shares = {}
+        for platform, gateways in shares.items():
+            if gateways > 1:
+                pacer.pause_bot(platform, self.share_period)
+        self._sharing = asyncio.get_running_loop().create_task(self._keep_shares(platforms))
+
+    async def _renew_shares(self, platforms: list[str]) -> Mapping[str, int]:
+        assert self.budget is not None
+        shares, pauses = await self.writer.call(
+            self.budget.renew, self.owner, platforms, 3 * self.share_period
+        )
+        pacer = self._courier.pacer
+        for platform, gateways in shares.items():
+            pacer.share(platform, gateways)
+        for platform, seconds in pauses.items():
+            pacer.pause_bot(platform, seconds)
+        return shares
+
+    async def _keep_shares(self, platforms: list[str]) -> None:
+        while True:
+            await asyncio.sleep(self.share_period)
+            try:
+                await self._renew_shares(platforms)
+            except Exception as e:  # kept at the last share; the next renewal tries again
+                self._courier.fault("-", "budget", e)
+
+    def _share_pause(self, platform: str, seconds: float) -> None:
+        """A bot-wide pause, told to the store's other gateways (in the background)."""
+        if self.budget is None:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self.writer.call(self.budget.pause, platform, seconds)
+        )
+        self._courier.background.add(task)
+        task.add_done_callback(self._courier.background.discard)
+
+    async def _load_others_replies(self, platforms: frozenset[str]) -> None:
+        """Replies other gateways of the store still owe hold their chats' queues here
+        too, until the store says they are resolved (ADR 0059)."""
+        try:
+            others = await self.writer.call(self.ledger.others_unresolved, platforms)
+        except Exception as e:
+            self._courier.fault("-", "order", e)
+            return
+        added = self._courier.pacer.load_foreign(others)
+        if added:
+            log.info("%d replies owed by other gateways hold their chats' order", added)
+
     async def _check_ledger(self) -> str | None:
         """Can this gateway record at all? None if so, else what stops it (logged at ERROR).
 
@@ -295,6 +376,14 @@ class Gateway:
         if self._closed:
             return
         self._closed = True
+        if self._sharing is not None:
+            self._sharing.cancel()
+            await asyncio.gather(self._sharing, return_exceptions=True)
+            if self.budget is not None:
+                try:
+                    await self.writer.call(self.budget.leave, self.owner)
+                except Exception as e:
+                    self._courier.fault("-", "budget", e)
         await self.scheduler.close()
         await self.flush()
         await asyncio.get_running_loop().run_in_executor(None, self.writer.close)
@@ -354,6 +443,7 @@ class Gateway:
             reconcile_bad_answers=r.bad_answers,
             status_reports=c.status_reports,
             failed_after_acceptance=c.failed_after_acceptance,
+            pacing=self._courier.pacer.stats(),
         )
 
     # -- the delivery path --------------------------------------------------------------------

@@ -432,6 +432,37 @@ class DeliveryLedger(Application[UUID], ABC):
         self.measures.sweeps.observe(time.perf_counter() - started)
         return [claimed_item(claim) for claim in won]
 
+    def others_unresolved(
+        self, platforms: Collection[str]
+    ) -> list[tuple[str, DeliveryTarget, datetime]]:
+        """The replies other owners still owe on these platforms (id, target, recorded
+        at), for per-chat order (ADR 0059): found in the recoverable view (caught up
+        first), each read from its events, since the view holds no target."""
+        view = self.recoverable
+        view.catch_up()
+        entries = [
+            e
+            for e in view.entries()
+            if e.owner != self.owner and not e.is_quarantined and e.platform in platforms
+        ]
+        loaded = self.load_each([UUID(e.aggregate_id) for e in entries])
+        found = []
+        for obligation in loaded.aggregates.values():
+            if isinstance(obligation, DeliveryObligation) and not obligation.is_resolved:
+                found.append((obligation.obligation_id, obligation.target, obligation.recorded_at))
+        return found
+
+    def unresolved_among(self, obligation_ids: Sequence[str]) -> set[str]:
+        """Which of these obligations are still owed, read from their events (one that
+        cannot be read is never sent, so it owes nothing to anyone's order)."""
+        by_id = {self._uuid(o): o for o in obligation_ids}
+        loaded = self.load_each(list(by_id))
+        return {
+            by_id[aid]
+            for aid, obligation in loaded.aggregates.items()
+            if isinstance(obligation, DeliveryObligation) and not obligation.is_resolved
+        }
+
     def forget_session(
         self, session_key: str, *, requested_by: str = "", sessions: ErasableSessions | None = None
     ) -> ErasureReport:

@@ -62,13 +62,19 @@ class Histogram:
 
 class Measures:
     """A process's own histograms: waits before a runtime retry by why (``backoff`` or
-    ``rate_limit``: the platform's pacing), and recovery sweep durations."""
+    ``rate_limit``: the platform's pacing), waits of the pacer by why (``order``,
+    ``rate``, ``pause``: ADR 0059), and recovery sweep durations."""
 
     WAIT_REASONS = ("backoff", "rate_limit")
+    PACING_REASONS = ("order", "rate", "pause")
 
     def __init__(self) -> None:
         self.waits = {reason: Histogram(WAIT_BUCKETS) for reason in self.WAIT_REASONS}
+        self.paced = {reason: Histogram(WAIT_BUCKETS) for reason in self.PACING_REASONS}
         self.sweeps = Histogram(SWEEP_BUCKETS)
+
+    def paced_wait(self, reason: str, seconds: float) -> None:
+        self.paced[reason].observe(seconds)
 
     def waited(self, reason: str, seconds: float) -> None:
         self.waits[reason].observe(seconds)

@@ -520,10 +520,11 @@ class DeliveryObligation(Aggregate):
             obligation.status_message_id = self.message_id
             if self.part is not None:
                 parts = obligation.delivered_parts
-                earlier = {i for ids in parts.values() for i in ids}
-                for index in range(obligation.part_count):
-                    if str(index) not in parts:  # the last part, confirmed by Delivered
-                        parts[str(index)] = [i for i in obligation.receipt if i not in earlier]
+                if obligation.state is ObligationState.DELIVERED:
+                    earlier = {i for ids in parts.values() for i in ids}
+                    for index in range(obligation.part_count):
+                        if str(index) not in parts:  # the last part, confirmed by Delivered
+                            parts[str(index)] = [i for i in obligation.receipt if i not in earlier]
                 del parts[str(self.part)]
             if status is PlatformStatus.FAILED_AFTER_ACCEPTANCE:
                 obligation.failures_after_acceptance += 1
@@ -955,6 +956,16 @@ class DeliveryObligation(Aggregate):
                 self.Delivered, by=by, receipt=receipt, fence=self.fence, timestamp=now
             )
 
+    def reopened_with_part_confirmed(self, message_id: str | None) -> bool:
+        """Reopened by a failure after acceptance, and ``message_id`` is another part's
+        still confirmed: the platform dropped that part too, and its re-send is owed."""
+        return (
+            message_id is not None
+            and self.state is ObligationState.FAILED
+            and self.platform_status is PlatformStatus.FAILED_AFTER_ACCEPTANCE
+            and any(message_id in ids for ids in self.delivered_parts.values())
+        )
+
     def report_status(
         self,
         *,
@@ -985,8 +996,9 @@ class DeliveryObligation(Aggregate):
         if self.state is not ObligationState.DELIVERED:
             if failed and self.platform_status is judged and mid in (None, self.status_message_id):
                 return False  # the failure that reopened it, repeated
-            # Not delivered yet (its Delivered not written) or reopened: refused, by name.
-            self.check_state(f"status {judged.value}", ObligationState.DELIVERED)
+            if not (failed and self.reopened_with_part_confirmed(mid)):
+                # Not delivered yet (its Delivered not written) or reopened: refused, by name.
+                self.check_state(f"status {judged.value}", ObligationState.DELIVERED)
         if mid is not None and mid not in self.receipt:
             return False  # about an earlier send's message
         current = ACCEPTED_RANK if self.platform_status is None else self.platform_status.rank

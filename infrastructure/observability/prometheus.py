@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 from gateway_ledger.application.delivery.measures import Buckets
 from gateway_ledger.application.delivery.metrics import PREFIX
 from gateway_ledger.application.delivery.operations import LedgerStats
+from gateway_ledger.application.delivery.pacing import PacingStats
 
 
 def _buckets(buckets: Buckets) -> list[tuple[str, float]]:
@@ -140,6 +141,41 @@ def retention_metrics(figures: dict[str, Any]) -> Iterator[Metric]:
     )
 
 
+def pacing_families(pacing: PacingStats | None) -> Iterator[Metric]:
+    """This gateway's pacer now (ADR 0059): replies waiting, the oldest wait, pauses."""
+    if pacing is None:
+        return
+    waiting = GaugeMetricFamily(
+        f"{PREFIX}_paced_replies",
+        "Replies waiting for their turn in their chat or for the rate budget.",
+        labels=["platform"],
+    )
+    for platform, count in sorted(pacing.queued.items()):
+        waiting.add_metric([platform], count)
+    yield waiting
+    yield GaugeMetricFamily(
+        f"{PREFIX}_pacing_oldest_wait_seconds",
+        "How long the longest-waiting reply in the pacer has waited.",
+        value=pacing.oldest_wait,
+    )
+    pauses = GaugeMetricFamily(
+        f"{PREFIX}_pacing_pauses",
+        "Pauses a platform's retry_after set, in force now, by platform and scope.",
+        labels=["platform", "scope"],
+    )
+    counted: dict[tuple[str, str], int] = {}
+    for pause in pacing.pauses:
+        counted[(pause.platform, pause.scope)] = counted.get((pause.platform, pause.scope), 0) + 1
+    for (platform, scope), count in sorted(counted.items()):
+        pauses.add_metric([platform, scope], count)
+    yield pauses
+    yield CounterMetricFamily(
+        f"{PREFIX}_order_released",
+        "Replies sent before an earlier unresolved reply to their chat (recorded).",
+        value=pacing.order_released,
+    )
+
+
 class LedgerCollector(Collector):
     """The ledger's metrics for a ``prometheus_client`` registry.
 
@@ -188,3 +224,13 @@ class LedgerCollector(Collector):
             buckets = histogram.read()
             waits.add_metric([reason], _buckets(buckets), buckets.total)
         yield waits
+        paced = HistogramMetricFamily(
+            f"{PREFIX}_pacing_wait_seconds",
+            "Seconds a send waited in the pacer, by reason (order, rate, pause; ADR 0059).",
+            labels=["reason"],
+        )
+        for reason, histogram in self.ledger.measures.paced.items():
+            buckets = histogram.read()
+            paced.add_metric([reason], _buckets(buckets), buckets.total)
+        yield paced
+        yield from pacing_families(stats.pacing)

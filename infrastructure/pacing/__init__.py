@@ -1,0 +1,1 @@
+"""The rows through which gateways of one store share their platforms' rate budgets."""
