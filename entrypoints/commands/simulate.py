@@ -5,6 +5,11 @@ errors, rate limits, dead chats, one platform with native idempotency), are kill
 SIGKILL at random moments and restarted, while extra gateways sweep the same store. The
 report is counted from the ledger and from what the platforms actually received.
 
+Simulated platforms declare rate limits and enforce them (one bans the bot after
+repeated violations); the report counts replies users got out of order, the violations,
+the bans and the delay pacing added (ADR 0059). ``--backlog N`` first has a gateway
+record N replies unsent and killed, so the workers' boot sweeps recover them at once.
+
 ``--faults`` adds a poisoned store, erasures mid-run and, on PostgreSQL, a gateway paused
 past its lease (``entrypoints/simulation/faults.py``); the verdict then also needs
 no erased placeholder sent and every obligation accounted for.
@@ -70,8 +75,12 @@ def run(args: argparse.Namespace) -> int:
         reconcile=args.reconcile,
         backlog=args.backlog,
     )
-    if args.backlog < 0:
-        print("simulate: --backlog must not be negative", file=sys.stderr)
+    if args.backlog < 0 or (args.backlog and args.turns < 2):
+        print(
+            "simulate: --backlog must not be negative, and needs --turns 2 or more (each"
+            " conversation keeps a live turn after the backlog)",
+            file=sys.stderr,
+        )
         return 2
     tty = sys.stderr.isatty()
 
