@@ -141,9 +141,15 @@ async def main_async(spec: dict[str, Any], role: str, index: int) -> int:
     scheduler = AsyncioScheduler()
     gateway = Gateway.open(spec["db"], policy=scaled_policy(), scheduler=scheduler)
     adapters = build_adapters(spec, f"{role}-{index}-{os.getpid()}")
+    started = Path(spec["run_dir"]) / f"started-{index}"
+    if role == "worker" and spec.get("backlog") is not None:
+        # With a backlog, the boot sweep's recovery is delivering already: the driver's
+        # kills may land in it (a claimed backlog, half sent, claimed again).
+        started.touch()
     await gateway.start(adapters)
     if role == "worker":
-        (Path(spec["run_dir"]) / f"started-{index}").touch()
+        if not started.exists():
+            started.touch()
         by_conversation: dict[int, list[Turn]] = defaultdict(list)
         for raw in spec["turns"]:
             turn = Turn.from_dict(raw)
