@@ -5,6 +5,11 @@ errors, rate limits, dead chats, one platform with native idempotency), are kill
 SIGKILL at random moments and restarted, while extra gateways sweep the same store. The
 report is counted from the ledger and from what the platforms actually received.
 
+Simulated platforms declare rate limits and enforce them (one bans the bot after
+repeated violations); the report counts replies users got out of order, the violations,
+the bans and the delay pacing added (ADR 0059). ``--backlog N`` first has a gateway
+record N replies unsent and killed, so the workers' boot sweeps recover them at once.
+
 ``--faults`` adds a poisoned store, erasures mid-run and, on PostgreSQL, a gateway paused
 past its lease (``entrypoints/simulation/faults.py``); the verdict then also needs
 no erased placeholder sent and every obligation accounted for.
@@ -45,6 +50,15 @@ def register(subparsers: Subcommands) -> None:
         action="store_false",
         help="adapters never ask the platform what arrived (compare with the same seed)",
     )
+    parser.add_argument(
+        "--backlog",
+        type=int,
+        default=0,
+        metavar="N",
+        help="first, a gateway records N replies to the conversations' first turns and is"
+        " killed unsent: the workers' boot sweeps recover them all at once (adds"
+        " conversations where needed so each keeps a live turn)",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(handler=run)
 
@@ -59,7 +73,15 @@ def run(args: argparse.Namespace) -> int:
         db=args.db,
         faults=args.faults,
         reconcile=args.reconcile,
+        backlog=args.backlog,
     )
+    if args.backlog < 0 or (args.backlog and args.turns < 2):
+        print(
+            "simulate: --backlog must not be negative, and needs --turns 2 or more (each"
+            " conversation keeps a live turn after the backlog)",
+            file=sys.stderr,
+        )
+        return 2
     tty = sys.stderr.isatty()
 
     def progress(line: str) -> None:
@@ -85,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
         ("lost", report.lost),
         ("unlabelled duplicates", report.unlabelled_duplicates),
         ("audit of the ledger's history", audit_line(report)),
+        *order_rows(report),
         *platform_rows(report),
         ("messages received", report.messages_received),
         ("gateways killed (SIGKILL)", report.kills),
@@ -103,11 +126,15 @@ def run(args: argparse.Namespace) -> int:
     if not report.ok:
         print("FAILED")
     elif report.faults is None:
-        print("OK: nothing lost, no unlabelled duplicate, and the history agrees")
+        print(
+            "OK: nothing lost, no unlabelled duplicate, nothing out of order, no rate limit"
+            " exceeded, and the history agrees"
+        )
     else:
         print(
-            "OK: nothing lost, no unlabelled duplicate, no erased reply sent, every"
-            " obligation accounted for, and the history agrees"
+            "OK: nothing lost, no unlabelled duplicate, nothing out of order, no rate limit"
+            " exceeded, no erased reply sent, every obligation accounted for, and the"
+            " history agrees"
         )
     return 0 if report.ok else 1
 
@@ -155,6 +182,37 @@ def fault_rows(f: FaultReport) -> list[tuple[str, object]]:
     ]
 
 
+def order_rows(report: Report) -> list[tuple[str, object]]:
+    """Order and pacing (ADR 0059): what users saw, what the platforms refused."""
+    released = ", ".join(f"{k} {v}" for k, v in report.order_released_by_reason.items())
+    waited = ", ".join(f"{k} {v} s" for k, v in report.waited_seconds.items()) or "none"
+    ids = f" ({', '.join(report.out_of_order_ids)})" if report.out_of_order else ""
+    backlog = (
+        [
+            (
+                "backlog recovered at boot",
+                f"{report.backlog} recorded unsent, {report.recovered_unsent} recovered"
+                f" and delivered; {report.conversations} conversations",
+            )
+        ]
+        if report.backlog
+        else []
+    )
+    return [
+        *backlog,
+        ("out of order", f"{report.out_of_order}{ids}"),
+        ("out of order after a platform drop", report.out_of_order_after_drop),
+        ("order released", f"{report.order_released}{f' ({released})' if released else ''}"),
+        ("rate limit violations", report.rate_limit_violations),
+        ("bans", report.bans),
+        (
+            "pacing",
+            f"p95 {report.pacing_p95_seconds} s, max {report.pacing_max_seconds} s per reply;"
+            f" {report.waits} waits ({waited})",
+        ),
+    ]
+
+
 def platform_rows(report: Report) -> list[tuple[str, object]]:
     """Per platform: labelled possible duplicates and reconciliation's answers."""
     rows: list[tuple[str, object]] = []
@@ -165,7 +223,8 @@ def platform_rows(report: Report) -> list[tuple[str, object]]:
                 f"{p.labelled_duplicates} labelled duplicates; reconciled"
                 f" {p.reconciled_arrived} arrived, {p.reconciled_not_arrived} not arrived,"
                 f" {p.reconciled_unknown} unknown; {p.failed_after_acceptance} failed after"
-                " acceptance",
+                f" acceptance; {sum(p.rate_limit_violations.values())} over its limits,"
+                f" {p.bans} bans",
             )
         )
     rows.append(("reconciliation round trips", report.reconcile_round_trips))

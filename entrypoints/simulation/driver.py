@@ -19,11 +19,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gateway_ledger.application.delivery.ports import DUPLICATE_NOTICE
 from gateway_ledger.bootstrap import DeliveryLedger
 from gateway_ledger.domain.delivery.obligation import compute_obligation_id
 from gateway_ledger.domain.errors import NotFound
 from gateway_ledger.entrypoints.simulation.faults import LEASE_ENV, FaultPlan, tally
+from gateway_ledger.entrypoints.simulation.limits import read_enforcement
+from gateway_ledger.entrypoints.simulation.order import (
+    OrderTally,
+    part_key,
+    percentile,
+    read_arrivals,
+)
 from gateway_ledger.entrypoints.simulation.platform import (
     Received,
     count_deduplicated,
@@ -36,9 +42,17 @@ from gateway_ledger.entrypoints.simulation.report import (
     Report,
     SimulationConfig,
 )
-from gateway_ledger.entrypoints.simulation.workload import Turn, build_turns, default_platforms
+from gateway_ledger.entrypoints.simulation.workload import (
+    Turn,
+    backlog_conversations,
+    backlog_depths,
+    build_turns,
+    default_platforms,
+)
 
 WORKER_MODULE = "gateway_ledger.entrypoints.simulation.worker"
+BACKLOG_TIMEOUT = 300.0
+"""Seconds the backlog gateway may take to record its replies."""
 
 
 class Simulation:
@@ -50,11 +64,22 @@ class Simulation:
         self.rng = random.Random(config.seed)
         self.run_dir = Path(tempfile.mkdtemp(prefix="gateway-ledger-sim-"))
         self.db = config.db or str(self.run_dir / "ledger.db")
-        self.turns, dead = build_turns(config.seed, config.conversations, config.turns)
+        conversations = backlog_conversations(config.conversations, config.turns, config.backlog)
+        self.backlog = backlog_depths(conversations, config.turns, config.backlog)
+        self.turns, dead = build_turns(config.seed, conversations, config.turns)
         self.platforms = default_platforms(dead)
-        self.report = Report(seed=config.seed, db=self.db, reconcile=config.reconcile)
+        self.report = Report(
+            seed=config.seed,
+            db=self.db,
+            reconcile=config.reconcile,
+            conversations=conversations,
+            backlog=config.backlog,
+        )
         self.report.platforms = {
-            name: PlatformReport(reconciles=b.reconcile if config.reconcile else "none")
+            name: PlatformReport(
+                reconciles=b.reconcile if config.reconcile else "none",
+                limits={name: [sends, per] for name, sends, per in b.limits},
+            )
             for name, b in self.platforms.items()
         }
         self.spec_path = self.run_dir / "spec.json"
@@ -68,6 +93,7 @@ class Simulation:
             "reconcile": config.reconcile,
             "platforms": {n: b.to_dict() for n, b in self.platforms.items()},
             "turns": [t.to_dict() for t in self.turns],
+            "backlog": self.backlog if config.backlog else None,
         }
         self.faults: FaultPlan | None = None
         self.env: dict[str, str] | None = None
@@ -112,8 +138,31 @@ class Simulation:
             if self.faults is not None:
                 self.faults.close()
 
+    def record_backlog(self) -> None:
+        """The backlog phase (``--backlog``): one gateway with no platform connected records
+        the backlog's replies (owed, unsent), then dies by SIGKILL, owning them all."""
+        proc = self.spawn("backlog", 0)
+        marker = self.run_dir / "backlog.json"
+        deadline = time.monotonic() + BACKLOG_TIMEOUT
+        while not marker.exists():
+            code = proc.poll()
+            if code is not None:
+                raise RuntimeError(f"the backlog gateway failed with exit code {code}")
+            if time.monotonic() > deadline:
+                proc.kill()
+                proc.wait()
+                raise RuntimeError("the backlog gateway did not record its replies in time")
+            self.progress(f"recording a backlog of {self.config.backlog} replies")
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()  # reaped: a zombie's /proc entry would look alive to the sweeps
+        self.report.kills += 1
+        self.report.backlog_recorded = json.loads(marker.read_text())
+
     def _run(self) -> Report:
         started = time.monotonic()
+        if self.config.backlog:
+            self.record_backlog()
         workers = self.workers
         workers.update({i: self.spawn("worker", i) for i in range(self.config.workers)})
         sweepers: list[subprocess.Popen[bytes]] = []
@@ -230,6 +279,7 @@ class Simulation:
             # claimer, yet it was sent before the claim and is no re-send.
             got.sort(key=lambda m: (m.sent_at, m.seq))
         abandoned: Counter[str] = Counter()
+        order = OrderTally(inbound_of={self.oid(t): t.inbound_id for t in self.turns})
         ledger = DeliveryLedger.open(self.db)
         try:
             if self.faults is not None:
@@ -255,6 +305,7 @@ class Simulation:
                     continue
                 r.obligations += 1
                 tally_platform(r.platforms[turn.platform], history)
+                order.add(turn.inbound_id, turn.index, history)
                 missing, marked, unlabelled = tally(got_by_part)
                 r.unlabelled_duplicates += unlabelled
                 if self.faults is not None:
@@ -275,8 +326,13 @@ class Simulation:
                     and "Failed" not in types
                 )
                 settled = any(h.type == "Reconciled" and h.fields.get("completes") for h in history)
+                claimed_unsent = (
+                    "Claimed" in types and "Attempting" not in types[: types.index("Claimed")]
+                )
                 if first_time:
                     r.delivered_first_time += 1
+                elif claimed_unsent:
+                    r.recovered_unsent += 1  # owed and never sent when its owner died
                 elif settled:
                     r.settled_by_reconciliation += 1  # the platform said it arrived: not re-sent
                 elif marked:
@@ -296,6 +352,7 @@ class Simulation:
         finally:
             ledger.close()
         r.abandoned = dict(sorted(abandoned.items()))
+        self._count_order(order)
         if self.faults is not None:
             self.faults.count_messages(copies)
         for path in self.run_dir.glob("*-*-*.json"):  # one per gateway process that finished
@@ -303,6 +360,32 @@ class Simulation:
             r.ledger_faults += figures.get("ledger_faults", 0)
             r.reconcile_bad_answers += figures.get("reconcile_bad_answers", 0)
         r.obligations_per_second = round(r.obligations / r.seconds, 1) if r.seconds else 0.0
+
+    def _count_order(self, order: OrderTally) -> None:
+        """Order as users saw it, against the histories; the platforms' enforcement."""
+        r = self.report
+        arrivals = [a for p in self.platforms for a in read_arrivals(self.run_dir / f"{p}.db")]
+        overtaken = order.overtaken(arrivals)
+        r.out_of_order = len(overtaken)
+        r.out_of_order_ids = overtaken[:10]
+        as_seen = order.overtaken(arrivals, with_dropped=False)
+        r.out_of_order_after_drop = len(set(as_seen) - set(overtaken))
+        r.order_released = order.order_released
+        r.order_released_by_reason = dict(sorted(order.released_by_reason.items()))
+        r.waits = order.waits
+        r.waited_seconds = {k: round(v, 3) for k, v in sorted(order.waited_by_reason.items())}
+        r.pacing_p95_seconds = round(percentile(order.waited, 0.95), 3)
+        r.pacing_max_seconds = round(max(order.waited, default=0.0), 3)
+        for name in self.platforms:
+            enforced = read_enforcement(self.run_dir / f"{name}.db")
+            p = r.platforms[name]
+            p.handoffs = enforced.handoffs
+            p.rate_limit_violations = enforced.violations
+            p.bans = enforced.bans
+            p.banned_seconds = enforced.banned_seconds
+            r.handoffs += enforced.handoffs
+            r.rate_limit_violations += enforced.violation_count
+            r.bans += enforced.bans
 
 
 def tally_platform(p: PlatformReport, history: list[Any]) -> None:
@@ -325,14 +408,3 @@ def tally_platform(p: PlatformReport, history: list[Any]) -> None:
             p.status_reports += 1
             if fields.get("status") == "failed_after_acceptance":
                 p.failed_after_acceptance += 1
-
-
-def part_key(msg: Received) -> tuple[str, str, str]:
-    """(reply_to, kind, identity): which part of which reply a message is, as a user sees
-    it (the duplicate marker stripped): text by its text, media by its URI."""
-    if msg.media_uri is not None:
-        return (msg.reply_to or "", "media", msg.media_uri)
-    text = msg.content
-    if text.startswith(DUPLICATE_NOTICE):
-        text = text[len(DUPLICATE_NOTICE) :].removeprefix("\n")
-    return (msg.reply_to or "", "text", text)

@@ -23,12 +23,20 @@ from typing import Any
 import attrs
 
 from gateway_ledger.application.delivery.ports import AdapterBase, SendResult
+from gateway_ledger.application.delivery.rate_limits import RateLimits
 from gateway_ledger.application.delivery.reconciliation import (
     ReconcileAnswer,
     ReconcileQuery,
     obligation_of,
 )
 from gateway_ledger.domain.values import DeliveryTarget, ErrorClass, MediaItem
+from gateway_ledger.entrypoints.simulation.limits import (
+    LIMITS_SCHEMA,
+    BanRule,
+    Refusal,
+    check_handoff,
+    limits_from_dict,
+)
 
 JOURNAL_SCHEMA = """
 CREATE TABLE IF NOT EXISTS received (
@@ -86,6 +94,14 @@ MAX_STATUS_TRIES = 250
 """Deliveries of one status webhook before the platform gives up on it (``done = 2``)."""
 
 
+def _limit_items(
+    value: Mapping[str, Sequence[float]] | Sequence[Sequence[Any]],
+) -> tuple[tuple[str, float, float], ...]:
+    """Limits as a hashable value: ``(name, sends, per)`` sorted by name."""
+    items = value.items() if isinstance(value, Mapping) else ((n, (s, p)) for n, s, p in value)
+    return tuple(sorted((str(n), int(pair[0]), float(pair[1])) for n, pair in items))
+
+
 @attrs.frozen
 class PlatformBehaviour:
     """How unreliable one simulated platform is. Rates are per send."""
@@ -104,12 +120,17 @@ class PlatformBehaviour:
     device_statuses: float = 0.0  # share of messages whose delivered/read callbacks follow
     history_page: int = 20  # messages per history read (one page: one round trip)
     history_rate: float = 50.0  # history reads per second before the platform says 429
+    rate_limited_bot: float = 0.0  # share of the random 429s that pause the whole bot
+    limits: tuple[tuple[str, float, float], ...] = attrs.field(default=(), converter=_limit_items)
+    """The limits it declares and enforces (``limits.py``): ``{"per_chat": [1, 0.05]}``."""
+    ban: tuple[int, float, float] | None = None
+    """(violations, within seconds, ban seconds): Telegram's flood control; None: no bans."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PlatformBehaviour:
         d = dict(data)
-        for name in ("latency", "retry_after"):
-            if name in d:
+        for name in ("latency", "retry_after", "ban"):
+            if d.get(name) is not None:
                 d[name] = tuple(d[name])
         if "dead_chats" in d:
             d["dead_chats"] = frozenset(d["dead_chats"])
@@ -120,7 +141,20 @@ class PlatformBehaviour:
         d["dead_chats"] = sorted(self.dead_chats)
         d["latency"] = list(self.latency)
         d["retry_after"] = list(self.retry_after)
+        d["limits"] = {name: [sends, per] for name, sends, per in self.limits}
+        d["ban"] = None if self.ban is None else list(self.ban)
         return d
+
+    @property
+    def rate_limits(self) -> RateLimits | None:
+        """What the adapter declares to the gateway (None: nothing, so nothing is paced)."""
+        if not self.limits:
+            return None
+        return limits_from_dict({name: (sends, per) for name, sends, per in self.limits})
+
+    @property
+    def ban_rule(self) -> BanRule | None:
+        return None if self.ban is None else BanRule(int(self.ban[0]), *self.ban[1:])
 
 
 def open_journal(path: str | Path) -> sqlite3.Connection:
@@ -128,6 +162,7 @@ def open_journal(path: str | Path) -> sqlite3.Connection:
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")  # survives a killed process, which is the test
     conn.executescript(JOURNAL_SCHEMA)
+    conn.executescript(LIMITS_SCHEMA)
     return conn
 
 
@@ -145,6 +180,8 @@ class SimulatedPlatform(AdapterBase):
         self.platform = platform
         self.behaviour = behaviour or PlatformBehaviour()
         self.supports_idempotency = self.behaviour.idempotent
+        self.rate_limits = self.behaviour.rate_limits
+        self._ban = self.behaviour.ban_rule
         self.journal_path = str(journal)
         self._rng = random.Random(seed)
         self._conn: sqlite3.Connection | None = None
@@ -262,6 +299,16 @@ class SimulatedPlatform(AdapterBase):
     ) -> SendResult:
         b, rng = self.behaviour, self._rng
         handed_at = time.time()  # when the gateway handed this message to the platform
+        loop = asyncio.get_running_loop()
+        if self.rate_limits is not None:  # judged at the hand-off instant, before any wait
+            refusal = await loop.run_in_executor(self._pool, self._check, target, handed_at)
+            if refusal is not None:
+                return SendResult.failed(
+                    ErrorClass.RATE_LIMITED,
+                    f"429 too many requests ({refusal.kind})",
+                    refusal.retry_after,
+                    refusal.scope,
+                )
         await asyncio.sleep(rng.uniform(*b.latency))
         if target.chat_id in b.dead_chats:
             return SendResult.failed(ErrorClass.DEAD_TARGET, "403 bot was blocked by the user")
@@ -270,14 +317,17 @@ class SimulatedPlatform(AdapterBase):
             return SendResult.failed(ErrorClass.REJECTED, "400 bad request")
         roll -= b.rejected
         if roll < b.rate_limited:
+            scope = "bot" if rng.random() < b.rate_limited_bot else "chat"
             return SendResult.failed(
-                ErrorClass.RATE_LIMITED, "429 too many requests", rng.uniform(*b.retry_after)
+                ErrorClass.RATE_LIMITED,
+                "429 too many requests",
+                rng.uniform(*b.retry_after),
+                scope,
             )
         roll -= b.rate_limited
         if roll < b.ambiguous_before:
             raise TimeoutError("request timed out before it was sent")
         roll -= b.ambiguous_before
-        loop = asyncio.get_running_loop()
         fate = rng.random()
         message_id = await loop.run_in_executor(
             self._pool,
@@ -295,6 +345,13 @@ class SimulatedPlatform(AdapterBase):
         if roll < b.ambiguous_after:
             raise TimeoutError("response lost after the message arrived")
         return SendResult.ok(message_id)
+
+    def _check(self, target: DeliveryTarget, at: float) -> Refusal | None:
+        assert self.rate_limits is not None
+        with self._lock:
+            return check_handoff(
+                self._connection(), self.rate_limits, self._ban, target, at, os.getpid()
+            )
 
     def _arrive(
         self,

@@ -18,6 +18,9 @@ class SimulationConfig:
     faults: bool = False
     reconcile: bool = True
     """Adapters that can reconcile do (ADR 0050); ``--no-reconcile`` runs without."""
+    backlog: int = 0
+    """Replies recorded, owed and unsent, by a gateway that is killed before the workers
+    start: their boot sweeps recover them all at once (``--backlog``)."""
 
 
 @attrs.define
@@ -54,6 +57,37 @@ class Report:
     reconcile_round_trips: int = 0
     """Platform requests reconciliation cost, all platforms (see ``PlatformReport``)."""
     reconcile_bad_answers: int = 0
+    conversations: int = 0
+    backlog: int = 0
+    """Replies owed and unsent when the workers started (``--backlog``)."""
+    backlog_recorded: dict[str, int] = attrs.field(factory=dict)
+    """The backlog gateway's outcomes by status (all ``queued`` when it did its part)."""
+    recovered_unsent: int = 0
+    """Delivered after a claim without any send before it: the backlog, recovered."""
+    out_of_order: int = 0
+    """Replies a user received after a later reply to the same chat, with no recorded
+    release (``order.py``): must be 0."""
+    out_of_order_ids: list[str] = attrs.field(factory=list)
+    """The first few of them (inbound ids: ``in-CONVERSATION-TURN``)."""
+    out_of_order_after_drop: int = 0
+    """Replies the platform took in order, dropped (failed after acceptance) and got
+    again after a later reply: out of order for the user, not for the gateway."""
+    order_released: int = 0
+    """``OrderReleased``: a reply sent before an earlier unresolved one, on the record."""
+    order_released_by_reason: dict[str, int] = attrs.field(factory=dict)
+    rate_limit_violations: int = 0
+    """Sends a platform refused for its declared limits, or during a ban: must be 0."""
+    bans: int = 0
+    """Times a platform banned the bot for repeated violations: must be 0."""
+    handoffs: int = 0
+    """Sends the platforms took within their limits."""
+    waits: int = 0
+    """``Waited`` events: sends that waited for order, the rate budget or a pause."""
+    waited_seconds: dict[str, float] = attrs.field(factory=dict)
+    """Seconds waited in all, by reason (``order``, ``rate``, ``pause``)."""
+    pacing_p95_seconds: float = 0.0
+    """95th percentile over obligations of the seconds each waited in all."""
+    pacing_max_seconds: float = 0.0
     faults: FaultReport | None = None
 
     @property
@@ -69,6 +103,9 @@ class Report:
             and self.unexplained_audit_problems == 0
             and self.unresolved == 0
             and self.gateway_failures == 0
+            and self.out_of_order == 0
+            and self.rate_limit_violations == 0
+            and self.bans == 0
             and (self.faults is None or self.faults.ok)
         )
 
@@ -99,6 +136,13 @@ class PlatformReport:
     """Requests reconciliation made to the platform (none for webhooks already received)."""
     failed_after_acceptance: int = 0
     status_reports: int = 0
+    limits: dict[str, list[float]] = attrs.field(factory=dict)
+    """The limits it declared and enforced: ``{"per_chat": [sends, per_seconds]}``."""
+    handoffs: int = 0
+    rate_limit_violations: dict[str, int] = attrs.field(factory=dict)
+    """Refused sends by kind: ``chat``, ``group``, ``bot`` (a limit), ``banned``."""
+    bans: int = 0
+    banned_seconds: float = 0.0
 
 
 @attrs.define

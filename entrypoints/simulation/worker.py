@@ -6,6 +6,11 @@
   conversations concurrently), wait for runtime retries, touch ``done-INDEX``, exit 0.
   Re-running after a kill is safe: a turn already recorded is not sent again.
 - role ``sweeper``: start (sweep and re-send what it claimed), wait for retries, exit.
+- role ``backlog`` (``simulate --backlog``): a gateway with no platform connected records
+  the first turns of many conversations (owed, unsent: ``queued``), writes
+  ``backlog.json`` and waits for the driver's SIGKILL; the workers' boot sweeps then
+  recover them all at once, through the pacer, while those chats get live replies.
+  Workers do not ask the backlog's turns again (they were asked before the crash).
 
 With ``faults`` in the spec, a worker asks no more turns of a conversation whose session
 the driver forgot (``forgotten-CONVERSATION``).
@@ -19,7 +24,7 @@ import logging
 import os
 import sys
 import zlib
-from collections import defaultdict
+from collections import Counter, defaultdict
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -35,6 +40,8 @@ from gateway_ledger.entrypoints.simulation.platform import (
 )
 from gateway_ledger.entrypoints.simulation.workload import Turn
 
+BACKLOG_WAIT = 600.0
+"""Seconds a backlog gateway waits for its SIGKILL before it gives up (exit 1)."""
 TIME_SCALE = 0.01
 """Simulated waits are 1/100 of real ones: backoff 30 s -> 0.3 s, 120 s -> 1.2 s."""
 
@@ -43,6 +50,7 @@ def scaled_policy() -> LedgerPolicy:
     return LedgerPolicy(
         retry_backoff=(timedelta(seconds=30 * TIME_SCALE), timedelta(seconds=120 * TIME_SCALE)),
         max_retry_after=timedelta(seconds=15 * 60 * TIME_SCALE),
+        order_wait=timedelta(seconds=120 * TIME_SCALE),
     )
 
 
@@ -73,6 +81,21 @@ def forgotten_marker(run_dir: str | Path, conversation: int) -> Path:
     return Path(run_dir) / f"forgotten-{conversation}"
 
 
+async def ask(gateway: Gateway, turn: Turn) -> str:
+    """The turn's reply, handed to the gateway; its outcome's status."""
+    reply = Reply(
+        content=turn.content,
+        parts=turn.parts,
+        media=tuple(MediaItem(kind="image", uri=u) for u in turn.media),
+        metadata={"turn": turn.index},
+    )
+    context = ReplyContext(
+        session_key=turn.session_key, platform=turn.platform, chat_id=turn.chat_id
+    )
+    outcome = await gateway.deliver(context, reply, turn.inbound_id)
+    return outcome.status
+
+
 async def run_conversation(gateway: Gateway, turns: list[Turn], run_dir: Path | None) -> None:
     for turn in turns:
         if run_dir is not None and forgotten_marker(run_dir, turn.conversation).exists():
@@ -81,29 +104,56 @@ async def run_conversation(gateway: Gateway, turns: list[Turn], run_dir: Path | 
             # being answered goes on: its reply may be recorded after the erasure.
             return
         await asyncio.sleep(turn.think)
-        reply = Reply(
-            content=turn.content,
-            parts=turn.parts,
-            media=tuple(MediaItem(kind="image", uri=u) for u in turn.media),
-            metadata={"turn": turn.index},
-        )
-        context = ReplyContext(
-            session_key=turn.session_key, platform=turn.platform, chat_id=turn.chat_id
-        )
-        await gateway.deliver(context, reply, turn.inbound_id)
+        await ask(gateway, turn)
+
+
+def in_backlog(spec: dict[str, Any], turn: Turn) -> bool:
+    depths = spec.get("backlog")
+    return depths is not None and turn.index < depths[turn.conversation]
+
+
+async def record_backlog(spec: dict[str, Any]) -> int:
+    """Role ``backlog``: record the backlog's turns, owed and unsent, then wait to be killed."""
+    gateway = Gateway.open(spec["db"], policy=scaled_policy(), scheduler=AsyncioScheduler())
+    await gateway.start(())  # no platform connected: every reply stays owed (queued)
+    by_conversation: dict[int, list[Turn]] = defaultdict(list)
+    for raw in spec["turns"]:
+        turn = Turn.from_dict(raw)
+        if in_backlog(spec, turn):
+            by_conversation[turn.conversation].append(turn)
+    statuses: Counter[str] = Counter()
+
+    async def record(turns: list[Turn]) -> None:
+        for turn in turns:  # in turn order: the order the chat's replies are recorded in
+            statuses[await ask(gateway, turn)] += 1
+
+    await asyncio.gather(*(record(t) for t in by_conversation.values()))
+    out = Path(spec["run_dir"]) / "backlog.json"
+    out.with_suffix(".tmp").write_text(json.dumps(dict(statuses)))
+    out.with_suffix(".tmp").replace(out)
+    await asyncio.sleep(BACKLOG_WAIT)  # the driver kills it long before
+    return 1
 
 
 async def main_async(spec: dict[str, Any], role: str, index: int) -> int:
+    if role == "backlog":
+        return await record_backlog(spec)
     scheduler = AsyncioScheduler()
     gateway = Gateway.open(spec["db"], policy=scaled_policy(), scheduler=scheduler)
     adapters = build_adapters(spec, f"{role}-{index}-{os.getpid()}")
+    started = Path(spec["run_dir"]) / f"started-{index}"
+    if role == "worker" and spec.get("backlog") is not None:
+        # With a backlog, the boot sweep's recovery is delivering already: the driver's
+        # kills may land in it (a claimed backlog, half sent, claimed again).
+        started.touch()
     await gateway.start(adapters)
     if role == "worker":
-        (Path(spec["run_dir"]) / f"started-{index}").touch()
+        if not started.exists():
+            started.touch()
         by_conversation: dict[int, list[Turn]] = defaultdict(list)
         for raw in spec["turns"]:
             turn = Turn.from_dict(raw)
-            if turn.conversation % spec["workers"] == index:
+            if turn.conversation % spec["workers"] == index and not in_backlog(spec, turn):
                 by_conversation[turn.conversation].append(turn)
         stops = Path(spec["run_dir"]) if spec.get("faults") else None
         await asyncio.gather(

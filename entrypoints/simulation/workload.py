@@ -11,6 +11,7 @@ from typing import Any
 
 import attrs
 
+from gateway_ledger.entrypoints.simulation.limits import sim_limits
 from gateway_ledger.entrypoints.simulation.platform import PlatformBehaviour
 
 CHUNK = 48
@@ -47,6 +48,11 @@ class Turn:
         return [("text", t) for t in texts] + [("media", m) for m in self.media]
 
 
+TELEGRAM_BAN = (3, 1.0, 1.5)
+"""Three violations within a second ban the bot for 1.5 s (Telegram's flood control,
+which answers a flood with a long ban; scaled to the simulation's time)."""
+
+
 def default_platforms(dead: list[str]) -> dict[str, PlatformBehaviour]:
     return {
         "telegram": PlatformBehaviour(
@@ -55,8 +61,11 @@ def default_platforms(dead: list[str]) -> dict[str, PlatformBehaviour]:
             rate_limited=0.03,
             ambiguous_before=0.02,
             ambiguous_after=0.02,
+            rate_limited_bot=0.3,
             dead_chats=frozenset(c for c in dead if c.startswith("telegram")),
             # cannot reconcile: no nonce, and bots cannot read a chat's history
+            limits=sim_limits("telegram"),
+            ban=TELEGRAM_BAN,
         ),
         "slack": PlatformBehaviour(
             latency=(0.005, 0.03),
@@ -65,6 +74,7 @@ def default_platforms(dead: list[str]) -> dict[str, PlatformBehaviour]:
             ambiguous_after=0.02,
             dead_chats=frozenset(c for c in dead if c.startswith("slack")),
             reconcile="history",  # conversations.history with client_msg_id: paged, 429s
+            limits=sim_limits("slack"),
         ),
         "whatsapp": PlatformBehaviour(
             latency=(0.01, 0.05),
@@ -75,6 +85,7 @@ def default_platforms(dead: list[str]) -> dict[str, PlatformBehaviour]:
             reconcile="callbacks",  # statuses sent/delivered/read/failed by webhook
             failed_after_acceptance=0.03,
             device_statuses=0.3,
+            limits=sim_limits("whatsapp"),
         ),
         "discord": PlatformBehaviour(  # honours idempotency keys (nonce + enforce_nonce)
             latency=(0.002, 0.02),
@@ -83,6 +94,8 @@ def default_platforms(dead: list[str]) -> dict[str, PlatformBehaviour]:
             idempotent=True,
             dead_chats=frozenset(c for c in dead if c.startswith("discord")),
             reconcile="nonce",  # the nonce echoed back on the message
+            rate_limited_bot=0.5,  # Discord's global rate limit
+            limits=sim_limits("discord"),
         ),
     }
 
@@ -129,3 +142,25 @@ def build_turns(seed: int, conversations: int, turns: int) -> tuple[list[Turn], 
                 )
             )
     return out, dead
+
+
+def backlog_conversations(conversations: int, turns: int, backlog: int) -> int:
+    """Enough conversations for a backlog of ``backlog`` replies that leaves each
+    conversation at least one live turn after the restart."""
+    if backlog <= 0:
+        return conversations
+    if turns < 2:
+        raise ValueError("a backlog needs at least 2 turns per conversation")
+    return max(conversations, -(-backlog // (turns - 1)))
+
+
+def backlog_depths(conversations: int, turns: int, backlog: int) -> list[int]:
+    """How many first turns of each conversation are in the backlog: ``backlog`` in all,
+    spread evenly, never a conversation's last turn."""
+    if backlog <= 0:
+        return [0] * conversations
+    base, extra = divmod(backlog, conversations)
+    depths = [base + (c < extra) for c in range(conversations)]
+    if max(depths) > turns - 1:
+        raise ValueError(f"a backlog of {backlog} needs more than {conversations} conversations")
+    return depths
