@@ -121,6 +121,7 @@ from gateway_ledger.infrastructure.ownership.liveness import (
     proven_gone,
 )
 from gateway_ledger.infrastructure.ownership.process_identity import current_owner
+from gateway_ledger.infrastructure.pacing.shared_budget import SharedBudget
 from gateway_ledger.infrastructure.sessions.secrets import load_or_create_secret, secret_path
 from gateway_ledger.infrastructure.sessions.transcoding import build_session_transcoder
 from gateway_ledger.infrastructure.sessions.transcript_files import JsonlTranscriptFiles
@@ -420,18 +421,20 @@ class Gateway(delivery_gateway.Gateway):
         ledger_deadline: float = DEFAULT_LEDGER_DEADLINE,
         writer: EventWriter | None = None,
         write_behind: bool = True,
+        budget: SharedBudget | None = None,
         **options: Any,
     ) -> None:
         super().__init__(
             ledger,
             writer=writer if writer is not None else GroupCommitWriter(ledger),
+            budget=budget if budget is not None else SharedBudget.of(ledger),
             sessions=sessions,
             sweep=sweep,
             scheduler=scheduler,
             command_prefixes=command_prefixes,
             ledger_deadline=ledger_deadline,
             write_behind=write_behind,
-            **options,  # reconcile_deadline (ADR 0050)
+            **options,  # reconcile_deadline (ADR 0050), share_period (ADR 0060)
         )
 
     @classmethod

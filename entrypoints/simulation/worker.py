@@ -54,6 +54,11 @@ def scaled_policy() -> LedgerPolicy:
     )
 
 
+SHARE_PERIOD = 0.25
+"""Seconds between two renewals of a gateway's share of a bot's budget (ADR 0060): runs
+start and kill gateways every second or so, and a newcomer waits one period."""
+
+
 def build_adapters(spec: dict[str, Any], salt: str) -> list[SimulatedPlatform]:
     """One adapter per connected platform; one that can reconcile does so unless the run
     is ``--no-reconcile`` (ADR 0050)."""
@@ -139,7 +144,9 @@ async def main_async(spec: dict[str, Any], role: str, index: int) -> int:
     if role == "backlog":
         return await record_backlog(spec)
     scheduler = AsyncioScheduler()
-    gateway = Gateway.open(spec["db"], policy=scaled_policy(), scheduler=scheduler)
+    gateway = Gateway.open(
+        spec["db"], policy=scaled_policy(), scheduler=scheduler, share_period=SHARE_PERIOD
+    )
     adapters = build_adapters(spec, f"{role}-{index}-{os.getpid()}")
     started = Path(spec["run_dir"]) / f"started-{index}"
     if role == "worker" and spec.get("backlog") is not None:
