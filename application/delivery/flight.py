@@ -1033,6 +1033,7 @@ class Courier:
             thread_id=context.thread_id,
             reply_to=inbound_message_id,
         )
+        await self.pacer.hand_off(target)  # unrecorded, yet within the platform's budget
         result = await adapter.send(
             target,
             reply.content,
@@ -1064,6 +1065,7 @@ class Courier:
             thread_id=context.thread_id,
             reply_to=inbound_message_id,
         )
+        await self.pacer.hand_off(target)
         try:
             result = await adapter.send(
                 target,

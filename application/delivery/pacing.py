@@ -6,7 +6,8 @@ on the event loop:
 - **Order** (:meth:`Pacer.turn`): within one delivery target (platform, chat, thread) a
   reply goes after every earlier unresolved reply, in the order they were recorded. An
   earlier reply that is parked (left to a later boot sweep) does not hold the queue; one
-  that stays unresolved past ``order_wait`` stops holding it. Either way the later reply
+  that stays unresolved past ``order_wait`` while the queue does not move stops holding
+  it. Either way the later reply
   is told whom it goes before, and records ``OrderReleased`` before its send. Earlier
   replies owned by another gateway of the store (``foreign``: loaded from the store at
   start, re-checked there while one holds a queue) hold it like this gateway's own.
@@ -172,6 +173,7 @@ class Pacer:
         self.places: dict[str, Place] = {}
         self.changed: dict[TargetKey, asyncio.Event] = {}
         self.bot_windows: dict[str, Window] = {}
+        self.bot_queues: dict[str, asyncio.Lock] = {}
         self.chat_windows: dict[TargetKey, Window] = {}
         self.bot_pauses: dict[str, float] = {}
         self.chat_pauses: dict[TargetKey, float] = {}
@@ -244,13 +246,20 @@ class Pacer:
         until = self.clock() + max(0.0, seconds)
         self.bot_pauses[platform] = max(until, self.bot_pauses.get(platform, 0))
 
-    def _free_at(self, target: DeliveryTarget, key: TargetKey, now: float) -> tuple[float, str]:
-        """When a hand-off to ``target`` may go, and what holds it (a WaitReason value)."""
+    def _free_at(
+        self, target: DeliveryTarget, key: TargetKey, now: float, *, bot: bool = True
+    ) -> tuple[float, str]:
+        """When a hand-off to ``target`` may go, and what holds it (a WaitReason value);
+        ``bot=False``: its chat's window and the pauses only."""
         at, why = now, ""
         paused = max(self.bot_pauses.get(target.platform, 0), self.chat_pauses.get(key, 0))
         if paused > at:
             at, why = paused, WaitReason.PAUSE.value
-        for window in (self._bot_window(target.platform), self._chat_window(target, key)):
+        windows = (
+            self._bot_window(target.platform) if bot else None,
+            self._chat_window(target, key),
+        )
+        for window in windows:
             if window is not None:
                 free = window.free_at(at)
                 if free > at:
@@ -272,6 +281,9 @@ class Pacer:
         return await self._wait_free(target, take=True)
 
     async def _wait_free(self, target: DeliveryTarget, *, take: bool) -> tuple[float, str]:
+        """Sleep until the chat's window and the pauses let a hand-off go; to take one,
+        then queue for the bot's window behind this gateway's earlier hand-offs (first
+        come, first served: a bot's budget never starves a reply)."""
         platform = target.platform
         if platform not in self.limits and not self.bot_pauses and not self.chat_pauses:
             return 0.0, ""
@@ -281,24 +293,43 @@ class Pacer:
         token = id(object())
         try:
             while True:
-                at, why = self._free_at(target, key, now)
-                if at <= now:
+                at, why = self._free_at(target, key, now, bot=not take)
+                if at > now:
+                    reason = why
+                    self.waiting.setdefault(token, (platform, started))
+                    await asyncio.sleep(at - now)
+                    now = self.clock()
+                    continue
+                if not take:
                     break
-                reason = why
-                self.waiting.setdefault(token, (platform, started))
-                await asyncio.sleep(at - now)
-                now = self.clock()
+                async with self._bot_queue(platform):
+                    while True:
+                        now = self.clock()
+                        at, why = self._free_at(target, key, now)
+                        if at <= now or why != WaitReason.RATE.value:
+                            break
+                        reason = why
+                        self.waiting.setdefault(token, (platform, started))
+                        await asyncio.sleep(at - now)
+                    if at <= now:
+                        for window in (self._bot_window(platform), self._chat_window(target, key)):
+                            if window is not None:
+                                window.take(now)
+                        break
+                # a pause came in while queued: wait it out of the queue, then queue again
         finally:
             self.waiting.pop(token, None)
-        if take:
-            for window in (self._bot_window(platform), self._chat_window(target, key)):
-                if window is not None:
-                    window.take(now)
         waited = now - started
         if waited > 0:
             self.waits += 1
         self._forget_idle(now)
         return waited, reason
+
+    def _bot_queue(self, platform: str) -> asyncio.Lock:
+        lock = self.bot_queues.get(platform)
+        if lock is None:
+            lock = self.bot_queues[platform] = asyncio.Lock()
+        return lock
 
     def _forget_idle(self, now: float) -> None:
         """Drop chat windows and pauses that no longer hold anything back."""
@@ -387,17 +418,24 @@ class Pacer:
         return self._free_at(target, place.key, now)[0] > now
 
     async def turn(self, place: Place) -> Turn:
-        """Wait until nothing earlier holds this reply's queue, at most ``order_wait``."""
+        """Wait until nothing earlier holds this reply's queue: at most ``order_wait`` for
+        any one reply ahead that stays unresolved (the bound counts again each time the
+        queue moves), so a long queue that drains is waited out, a stuck reply is not."""
         if len(self.queues.get(place.key, ())) <= 1 or not self.ahead(place):
             return NO_WAIT
         started = self.clock()
         deadline = started + self.order_wait
         token = id(place)
+        held_by = len(self.queues.get(place.key, ()))
         try:
             while True:
                 ahead = self.ahead(place)
                 holding = [p for p in ahead if p.state in (ACTIVE, FOREIGN)]
                 now = self.clock()
+                if len(holding) < held_by:
+                    # One ahead was settled: the queue moves. The bound is on a reply that
+                    # stays stuck, so it counts again from here for the next one.
+                    held_by, deadline = len(holding), now + self.order_wait
                 if not holding or now >= deadline:
                     for p in holding:
                         p.state = OVERTAKEN  # later replies no longer wait for it either

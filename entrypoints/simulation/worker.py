@@ -33,6 +33,7 @@ from gateway_ledger.application.delivery.ports import Reply, ReplyContext
 from gateway_ledger.application.delivery.scheduling import AsyncioScheduler
 from gateway_ledger.bootstrap import Gateway
 from gateway_ledger.domain.values import LedgerPolicy, MediaItem
+from gateway_ledger.entrypoints.simulation.limits import RATE_SCALE
 from gateway_ledger.entrypoints.simulation.platform import (
     PlatformBehaviour,
     ReconcilingPlatform,
@@ -50,11 +51,13 @@ def scaled_policy() -> LedgerPolicy:
     return LedgerPolicy(
         retry_backoff=(timedelta(seconds=30 * TIME_SCALE), timedelta(seconds=120 * TIME_SCALE)),
         max_retry_after=timedelta(seconds=15 * 60 * TIME_SCALE),
-        order_wait=timedelta(seconds=120 * TIME_SCALE),
+        # Order waits for sends, and sends run on the platforms' clock (RATE_SCALE):
+        # the bound keeps its proportion to a backlog's drain time, as in real time.
+        order_wait=timedelta(seconds=120 * RATE_SCALE),
     )
 
 
-SHARE_PERIOD = 0.25
+SHARE_PERIOD = 0.5
 """Seconds between two renewals of a gateway's share of a bot's budget (ADR 0060): runs
 start and kill gateways every second or so, and a newcomer waits one period."""
 
