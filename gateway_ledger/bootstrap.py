@@ -782,3 +782,23 @@ def retention_status(ledger: DeliveryLedger) -> dict[str, Any]:
     if pruned:
         found["pruned"] = pruned
     return found
+
+
+def pacing_status(ledger: DeliveryLedger) -> dict[str, Any]:
+    """What ``status`` says of pacing (ADR 0059, 0060): replies recorded and not yet
+    attempting by platform (waiting for their turn or the budget, or their platform not
+    connected) with the oldest's age, the bot pauses in force and the gateways sharing
+    each bot's budget. Read-only: a store no gateway paced yet has nothing to show."""
+    now = ledger.clock()
+    queued: dict[str, dict[str, Any]] = {}
+    for entry in ledger.list(state="pending"):
+        figures = queued.setdefault(entry.platform, {"count": 0, "oldest_age_seconds": 0.0})
+        figures["count"] += 1
+        age = (now - entry.recorded_at).total_seconds()
+        figures["oldest_age_seconds"] = round(max(figures["oldest_age_seconds"], age), 3)
+    found: dict[str, Any] = {"queued": queued, "pauses": {}, "sharing": {}}
+    if getattr(ledger, "recorder", None) is not None:
+        budget = SharedBudget.of(ledger)
+        found["pauses"] = {p: round(s, 3) for p, s in budget.pauses().items()}
+        found["sharing"] = budget.sharing()
+    return found

@@ -587,7 +587,7 @@ class Courier:
             text = render_duplicate_notice(adapter, part.text) if mark else part.text
             key = send_key(agg.obligation_id, part.index, single) if keyed else None
             # The last await before the send: the instant it counts is the hand-off's.
-            waited, why = await self.pacer.hand_off(target)
+            waited, why = await self.pacer.hand_off(target, under_way=n > 0)
             self._note_wait(flight, why, waited)
             with tracing.span("send", obligation=agg, part=part.index) as opened:
                 result = await self._platform_send(adapter, target, text, part, agg, key)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import heapq
 import math
 import time
 from collections import deque
@@ -152,6 +153,40 @@ class PacingStats:
     waits: int
 
 
+class Turnstile:
+    """One sender at a time through a bot's window: a reply already under way (its next
+    part) first, then first come, first served. A backlog then finishes replies one
+    after another instead of sending every reply's first part before any second part,
+    so each chat's queue moves as soon as it can."""
+
+    def __init__(self) -> None:
+        self.busy = False
+        self.waiting: list[tuple[int, int, asyncio.Future[None]]] = []
+        self.arrivals = 0
+
+    async def acquire(self, priority: int) -> None:
+        if not self.busy and not self.waiting:
+            self.busy = True
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.arrivals += 1
+        heapq.heappush(self.waiting, (priority, self.arrivals, future))
+        try:
+            await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self.release()  # handed the turn, then cancelled: pass it on
+            raise
+
+    def release(self) -> None:
+        while self.waiting:
+            _, _, future = heapq.heappop(self.waiting)
+            if not future.done():
+                future.set_result(None)  # the turn passes straight to it
+                return
+        self.busy = False
+
+
 class Pacer:
     """One gateway's order and rate budget; used from its event loop only."""
 
@@ -173,7 +208,7 @@ class Pacer:
         self.places: dict[str, Place] = {}
         self.changed: dict[TargetKey, asyncio.Event] = {}
         self.bot_windows: dict[str, Window] = {}
-        self.bot_queues: dict[str, asyncio.Lock] = {}
+        self.bot_queues: dict[str, Turnstile] = {}
         self.chat_windows: dict[TargetKey, Window] = {}
         self.bot_pauses: dict[str, float] = {}
         self.chat_pauses: dict[TargetKey, float] = {}
@@ -271,19 +306,23 @@ class Pacer:
         that has writes to make or an owner to prove first waits here, then hands off."""
         return await self._wait_free(target, take=False)
 
-    async def hand_off(self, target: DeliveryTarget) -> tuple[float, str]:
+    async def hand_off(
+        self, target: DeliveryTarget, *, under_way: bool = False
+    ) -> tuple[float, str]:
         """Wait until a hand-off to ``target`` fits every limit and pause, then count it.
 
         Call it as the last step before ``adapter.send``: no await may come between the
         two, so the instant counted is the hand-off the platform sees. Returns the seconds
         waited and why (the last thing that held it: ``rate`` or ``pause``; "" if none).
         """
-        return await self._wait_free(target, take=True)
+        return await self._wait_free(target, take=True, under_way=under_way)
 
-    async def _wait_free(self, target: DeliveryTarget, *, take: bool) -> tuple[float, str]:
+    async def _wait_free(
+        self, target: DeliveryTarget, *, take: bool, under_way: bool = False
+    ) -> tuple[float, str]:
         """Sleep until the chat's window and the pauses let a hand-off go; to take one,
-        then queue for the bot's window behind this gateway's earlier hand-offs (first
-        come, first served: a bot's budget never starves a reply)."""
+        then queue for the bot's window (:class:`Turnstile`: a reply under way first,
+        then first come, first served, so a bot's budget never starves a reply)."""
         platform = target.platform
         if platform not in self.limits and not self.bot_pauses and not self.chat_pauses:
             return 0.0, ""
@@ -302,7 +341,9 @@ class Pacer:
                     continue
                 if not take:
                     break
-                async with self._bot_queue(platform):
+                turnstile = self._bot_queue(platform)
+                await turnstile.acquire(0 if under_way else 1)
+                try:
                     while True:
                         now = self.clock()
                         at, why = self._free_at(target, key, now)
@@ -316,6 +357,8 @@ class Pacer:
                             if window is not None:
                                 window.take(now)
                         break
+                finally:
+                    turnstile.release()
                 # a pause came in while queued: wait it out of the queue, then queue again
         finally:
             self.waiting.pop(token, None)
@@ -325,11 +368,11 @@ class Pacer:
         self._forget_idle(now)
         return waited, reason
 
-    def _bot_queue(self, platform: str) -> asyncio.Lock:
-        lock = self.bot_queues.get(platform)
-        if lock is None:
-            lock = self.bot_queues[platform] = asyncio.Lock()
-        return lock
+    def _bot_queue(self, platform: str) -> Turnstile:
+        turnstile = self.bot_queues.get(platform)
+        if turnstile is None:
+            turnstile = self.bot_queues[platform] = Turnstile()
+        return turnstile
 
     def _forget_idle(self, now: float) -> None:
         """Drop chat windows and pauses that no longer hold anything back."""

@@ -28,8 +28,9 @@ def run(args: argparse.Namespace) -> int:
     ledger = open_ledger(args.db)
     stats = ledger.stats()
     extra = bootstrap.retention_status(ledger)
+    pacing = bootstrap.pacing_status(ledger)
     if args.json:
-        print_json({**stats.to_dict(), **extra})
+        print_json({**stats.to_dict(), **extra, "pacing": pacing})
         return 0
     states = list(stats.by_state)
     print(f"gateway-ledger status ({args.db})")
@@ -83,6 +84,12 @@ def run(args: argparse.Namespace) -> int:
         f"  platform statuses: {seen}; failed after acceptance (reopened):"
         f" {stats.failed_after_acceptance}"
     )
+    print()
+    waiting = [[p, f["count"], f["oldest_age_seconds"]] for p, f in pacing["queued"].items()]
+    print(table(["recorded, not yet sent", "count", "oldest s"], waiting, indent="  "))
+    pauses = ", ".join(f"{p} {s:.1f} s" for p, s in pacing["pauses"].items()) or "none"
+    sharing = ", ".join(f"{p} {n}" for p, n in pacing["sharing"].items()) or "none"
+    print(f"  bot pauses in force: {pauses}; gateways sharing a bot's budget: {sharing}")
     print()
     views = [[p.name, p.position, p.lag, p.rows] for p in stats.projections]
     print(table(["projection", "position", "lag", "rows"], views, indent="  "))

@@ -115,10 +115,35 @@ class SharedBudget:
             )
 
     def pauses(self) -> dict[str, float]:
-        """The bot pauses in force (platform: seconds left), for operators."""
-        self.ensure_tables()
+        """The bot pauses in force (platform: seconds left), for operators: read only,
+        nothing when no gateway has shared a budget on this store yet."""
+        if not self._exists():
+            return {}
         with self.dialect.read_cursor() as c:
             return self._pauses(c, self.clock())
+
+    def _exists(self) -> bool:
+        try:
+            with self.dialect.read_cursor() as c:
+                c.execute(f"SELECT COUNT(*) AS n FROM {self.pauses_table} WHERE 1 = 0")
+                c.fetchall()
+            return True
+        except Exception:
+            return False
+
+    def sharing(self) -> dict[str, int]:
+        """The gateways sharing each platform's bot now (rows not expired), for operators."""
+        if not self._exists():
+            return {}
+        with self.dialect.read_cursor() as c:
+            c.execute(
+                self.dialect.sql(
+                    f"SELECT platform, COUNT(*) AS n FROM {self.members} "
+                    "WHERE expires_at >= ? GROUP BY platform"
+                ),
+                (self.clock(),),
+            )
+            return {str(row["platform"]): int(row["n"]) for row in c.fetchall()}
 
     def leave(self, owner: OwnerIdentity) -> None:
         """A clean close: the others take this gateway's share back at once."""

@@ -1,0 +1,282 @@
+"""Per-chat order and one rate budget for every send (issue 18, ADRs 0059 and 0060).
+
+Real stores, real time (waits are short), real child processes for the crash and claim.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from gateway_ledger.application.delivery.ports import AdapterBase, Reply, ReplyContext, SendResult
+from gateway_ledger.application.delivery.rate_limits import Limit, RateLimits
+from gateway_ledger.bootstrap import Gateway
+from gateway_ledger.domain.values import (
+    DeliveryTarget,
+    ErrorClass,
+    LedgerPolicy,
+    MediaItem,
+    OwnerIdentity,
+)
+
+CHILD = str(Path(__file__).parent / "order_child.py")
+LEASES = {
+    "GATEWAY_LEDGER_LEASE_TTL": "1.5",
+    "GATEWAY_LEDGER_LEASE_RENEW": "0.3",
+    "GATEWAY_LEDGER_CLOCK_SKEW": "0.2",
+}
+
+
+def context(chat: str) -> ReplyContext:
+    return ReplyContext(
+        session_key=f"agent:main:telegram:dm:{chat}", platform="telegram", chat_id=chat
+    )
+
+
+def policy(order_wait: float = 120.0, backoff: float = 0.3) -> LedgerPolicy:
+    return LedgerPolicy(
+        retry_backoff=(timedelta(seconds=backoff), timedelta(seconds=backoff)),
+        order_wait=timedelta(seconds=order_wait),
+    )
+
+
+class Platform(AdapterBase):
+    """Records each hand-off (chat, text, monotonic time); answers by ``answer``."""
+
+    def __init__(self, limits: RateLimits | None = None, answer: Any = None) -> None:
+        self.platform = "telegram"
+        self.rate_limits = limits
+        self.handoffs: list[tuple[str, str, float]] = []
+        self.answer = answer or (lambda chat, text, n: SendResult.ok(f"m{n}"))
+
+    async def send(
+        self,
+        target: DeliveryTarget,
+        content: str,
+        *,
+        reply_to: str | None,
+        media: Sequence[MediaItem],
+        metadata: Mapping[str, Any],
+        idempotency_key: str | None,
+    ) -> SendResult:
+        self.handoffs.append((target.chat_id, content, time.monotonic()))
+        answer = self.answer(target.chat_id, content, len(self.handoffs))
+        if asyncio.iscoroutine(answer):
+            answer = await answer
+        return answer
+
+
+def types(gw: Gateway, oid: str) -> list[str]:
+    return [h.type for h in gw.ledger.history(oid)]
+
+
+def fields(gw: Gateway, oid: str, kind: str) -> list[dict[str, Any]]:
+    return [dict(h.fields) for h in gw.ledger.history(oid) if h.type == kind]
+
+
+def test_a_reply_waits_for_the_retry_of_an_earlier_one_to_its_chat(store_location: str) -> None:
+    """A retry never overtakes a newer reply, nor a newer reply the retry: the second
+    reply waits for the first one's retry, while another chat is not held at all."""
+
+    def answer(chat: str, text: str, n: int) -> SendResult:
+        if n == 1:
+            return SendResult.failed(ErrorClass.REJECTED, "503")
+        return SendResult.ok(f"m{n}")
+
+    async def main() -> None:
+        platform = Platform(answer=answer)
+        async with Gateway.open(store_location, policy=policy(backoff=0.3)) as gw:
+            await gw.start([platform])
+            first = await gw.deliver(context("7"), Reply("first"), "in-1")
+            assert first.status == "failed" and first.retry_in == 0.3
+            second, other = await asyncio.gather(
+                gw.deliver(context("7"), Reply("second"), "in-2"),
+                gw.deliver(context("8"), Reply("elsewhere"), "in-3"),
+            )
+            assert second.status == other.status == "delivered"
+            texts = [text for _, text, _ in platform.handoffs]
+            assert texts == ["first", "elsewhere", "first", "second"]
+            await gw.flush()
+            waited = fields(gw, second.obligation_id, "Waited")
+            assert [w["reason"] for w in waited] == ["order"] and waited[0]["seconds"] > 0.2
+            assert "OrderReleased" not in types(gw, second.obligation_id)
+            assert "Waited" not in types(gw, other.obligation_id)  # not held: one commit
+            assert types(gw, other.obligation_id)[:2] == ["Recorded", "Attempting"]
+            assert gw.stats().pacing is not None and gw.stats().pacing.order_released == 0
+
+    asyncio.run(main())
+
+
+def test_one_stuck_reply_holds_its_chat_no_longer_than_the_bound(store_location: str) -> None:
+    """A platform that never answers for one message: the next reply to that chat goes
+    once the bound has passed, and says whom it went before."""
+    stuck = asyncio.Event()
+
+    async def never(chat: str, text: str, n: int) -> SendResult:
+        if text == "stuck":
+            await stuck.wait()
+        return SendResult.ok(f"m{n}")
+
+    async def main() -> None:
+        platform = Platform(answer=never)
+        async with Gateway.open(store_location, policy=policy(order_wait=0.5)) as gw:
+            await gw.start([platform])
+            hung = asyncio.create_task(gw.deliver(context("7"), Reply("stuck"), "in-1"))
+            while not platform.handoffs:
+                await asyncio.sleep(0.01)
+            started = time.monotonic()
+            later = await gw.deliver(context("7"), Reply("later"), "in-2")
+            held = time.monotonic() - started
+            assert later.status == "delivered" and 0.45 <= held < 5
+            await gw.flush()
+            released = fields(gw, later.obligation_id, "OrderReleased")
+            assert len(released) == 1
+            assert released[0]["reason"] == "timeout"
+            assert released[0]["behind"] == hung_oid(gw)
+            # recorded before the send it allowed
+            kinds = types(gw, later.obligation_id)
+            assert kinds.index("OrderReleased") < kinds.index("Attempting")
+            # a reply after it no longer waits for the stuck one, and says so too
+            third = await gw.deliver(context("7"), Reply("third"), "in-3")
+            assert third.status == "delivered"
+            await gw.flush()
+            assert [f["behind"] for f in fields(gw, third.obligation_id, "OrderReleased")] == [
+                hung_oid(gw)
+            ]
+            assert gw.stats().pacing.order_released == 2
+            stuck.set()
+            assert (await hung).status == "delivered"
+
+    asyncio.run(main())
+
+
+def hung_oid(gw: Gateway) -> str:
+    from gateway_ledger.domain.delivery.obligation import compute_obligation_id
+
+    return compute_obligation_id("agent:main:telegram:dm:7", "in-1", "stuck")
+
+
+def test_a_retry_after_pauses_the_whole_bot_for_every_sender(store_location: str) -> None:
+    """A 429 for the bot holds every chat of that platform, not just the reply told;
+    one for a chat holds only that chat."""
+
+    told: set[str] = set()
+
+    def answer(chat: str, text: str, n: int) -> SendResult:
+        scope = {"bot-429": "bot", "chat-429": "chat"}.get(text)
+        if scope is not None and text not in told:  # once: the retry goes through
+            told.add(text)
+            return SendResult.failed(ErrorClass.RATE_LIMITED, "429", 0.6, retry_scope=scope)
+        return SendResult.ok(f"m{n}")
+
+    async def main() -> None:
+        platform = Platform(answer=answer)
+        async with Gateway.open(store_location) as gw:
+            await gw.start([platform])
+            told = await gw.deliver(context("1"), Reply("bot-429"), "in-1")
+            assert told.status == "failed" and told.error_class == "rate_limited"
+            paused_at = platform.handoffs[-1][2]
+            assert [p.scope for p in gw.stats().pacing.pauses] == ["bot"]
+            other = await gw.deliver(context("2"), Reply("other chat"), "in-2")
+            assert other.status == "delivered"
+            assert platform.handoffs[-1][2] - paused_at >= 0.55
+            await gw.flush()
+            assert fields(gw, other.obligation_id, "Waited")[0]["reason"] == "pause"
+            # a chat's 429 holds that chat only
+            await gw.deliver(context("3"), Reply("chat-429"), "in-3")
+            chat_paused_at = platform.handoffs[-1][2]
+            free = await gw.deliver(context("4"), Reply("free chat"), "in-4")
+            assert platform.handoffs[-1][2] - chat_paused_at < 0.3
+            await gw.flush()
+            assert "Waited" not in types(gw, free.obligation_id)
+
+    asyncio.run(main())
+
+
+def test_a_bot_pause_and_the_bot_budget_are_shared_through_the_store(
+    store_location: str,
+) -> None:
+    """Two gateways on one store: each keeps half the bot's limit, and a bot-wide 429
+    told to one holds the other's sends too (ADR 0060)."""
+    limits = RateLimits(per_bot=Limit(4, 1.0))
+
+    def answer(chat: str, text: str, n: int) -> SendResult:
+        if text == "bot-429":
+            return SendResult.failed(ErrorClass.RATE_LIMITED, "429", 1.0, retry_scope="bot")
+        return SendResult.ok(f"m{n}")
+
+    async def main() -> None:
+        me = Gateway.open(store_location, share_period=0.1).owner
+        other_owner = OwnerIdentity(
+            host=me.host, boot_id=me.boot_id, pid=me.pid, start_time=me.start_time,
+            installation_id="the-other-gateway",
+        )  # fmt: skip
+        one = Gateway.open(store_location, share_period=0.1)
+        two = Gateway.open(store_location, owner=other_owner, share_period=0.1)
+        a, b = Platform(limits, answer), Platform(limits, answer)
+        async with one, two:
+            await one.start([a])
+            await two.start([b])
+            await asyncio.sleep(0.3)  # both renewed: each sees two gateways on the bot
+            assert one._courier.pacer.bot_limit("telegram") == Limit(2, 1.0)
+            started = time.monotonic()
+            await asyncio.gather(
+                *(one.deliver(context(f"a{n}"), Reply(f"a{n}"), f"in-{n}") for n in range(4))
+            )
+            assert time.monotonic() - started >= 0.95  # two a second, for this one
+            await one.deliver(context("x"), Reply("bot-429"), "in-x")
+            told = time.monotonic()
+            await asyncio.sleep(0.3)  # the other reads it at its next renewal
+            await two.deliver(context("b1"), Reply("b1"), "in-b1")
+            assert b.handoffs[-1][2] - told >= 0.9
+
+    asyncio.run(main())
+
+
+def test_order_across_a_crash_and_a_claim(tmp_path: Path) -> None:
+    """A gateway dies owing two replies to a chat; another claims them and re-sends them
+    slowly; a third, started after the claim, gets a new reply for that chat: it waits
+    for the claimed ones, asked of the store, and goes after them."""
+    store = str(tmp_path / "ledger.db")
+    journal = str(tmp_path / "journal.jsonl")
+    env = {**os.environ, **LEASES}
+    owing = subprocess.Popen(
+        [sys.executable, CHILD, "owe", store], stdout=subprocess.PIPE, text=True, env=env
+    )
+    assert owing.stdout is not None and owing.stdout.readline().strip() == "recorded"
+    owing.send_signal(signal.SIGKILL)  # the crash: two replies owed, none sent
+    owing.wait()
+    recovering = subprocess.Popen(
+        [sys.executable, CHILD, "recover", store, journal],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert recovering.stdout is not None and recovering.stdout.readline().strip() == "started"
+
+    async def main() -> str:
+        platform = Platform()
+        async with Gateway.open(store) as gw:
+            report = await gw.start([platform])
+            assert report.claimed == 0  # the recovering gateway is alive: its claims stand
+            out = await gw.deliver(context("7"), Reply("new"), "in-3")
+            assert out.status == "delivered"
+            await gw.flush()
+            assert fields(gw, out.obligation_id, "Waited")[0]["reason"] == "order"
+            assert "OrderReleased" not in types(gw, out.obligation_id)
+            return str(platform.handoffs[0][2] - time.monotonic() + time.time())
+
+    new_at = float(asyncio.run(main()))
+    assert recovering.wait(timeout=60) == 0
+    recovered = [json.loads(line) for line in Path(journal).read_text().splitlines()]
+    assert [r["text"] for r in recovered] == ["owed 1", "owed 2"]
+    assert all(r["at"] < new_at for r in recovered)
