@@ -348,6 +348,16 @@ def write_ledger(location: Path, clock: Clock, keys: dict[str, str]) -> None:
         clock.at(1003 + 25 * 3600)
         retry_dead_letter(w.ledger(OPERATOR), "g-dead-letter", "ops-bob")
 
+        # Paced (0.3.0): it waited for its turn and went before an earlier reply to its
+        # chat that stayed unresolved past the bound (OrderReleased), then was attempted.
+        clock.at(1003 + 25 * 3600)
+        record(d, "g-paced", dm)
+        paced = d.load("g-paced")
+        paced.note_wait(by=D, now=clock.now, reason="order", seconds=120.0)
+        paced.release_order(by=D, now=clock.now, behind="g-pending", reason="timeout", waited=120.0)
+        d.save_transition(paced, "order released")
+        d.mark_attempting("g-paced")
+
         # Imported from an upstream installation: its dead gateway was sending it.
         clock.at(1003 + 25 * 3600)
         stamp = clock.now.timestamp()

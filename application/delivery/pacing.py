@@ -330,6 +330,7 @@ class Pacer:
         started = now = self.clock()
         reason = ""
         token = id(object())
+        slept = False
         try:
             while True:
                 at, why = self._free_at(target, key, now, bot=not take)
@@ -337,7 +338,7 @@ class Pacer:
                     reason = why
                     self.waiting.setdefault(token, (platform, started))
                     await asyncio.sleep(at - now)
-                    now = self.clock()
+                    now, slept = self.clock(), True
                     continue
                 if not take:
                     break
@@ -352,6 +353,7 @@ class Pacer:
                         reason = why
                         self.waiting.setdefault(token, (platform, started))
                         await asyncio.sleep(at - now)
+                        slept = True
                     if at <= now:
                         for window in (self._bot_window(platform), self._chat_window(target, key)):
                             if window is not None:
@@ -362,7 +364,7 @@ class Pacer:
                 # a pause came in while queued: wait it out of the queue, then queue again
         finally:
             self.waiting.pop(token, None)
-        waited = now - started
+        waited = now - started if slept else 0.0
         if waited > 0:
             self.waits += 1
         self._forget_idle(now)
