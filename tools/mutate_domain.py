@@ -152,6 +152,8 @@ ERROR_TEXT_ARGS: dict[str, tuple[int, ...] | None] = {
     "require_metadata": (0,),
     "check_not_quarantined": (0,),
     "check_freshly_recorded": (0,),
+    "check_holder": (0,),
+    "require_wait": (0,),
     "require_aware": (0,),
     "require_json_like": (0,),
     "optional_text": (0,),

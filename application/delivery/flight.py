@@ -282,7 +282,10 @@ class Courier:
             )
             # Nothing ahead in its chat and the budget free: recorded and attempting in
             # one commit. Else it is recorded alone and attempts when its turn comes.
-            place = None if adapter is None else self.pacer.enter(oid, agg.target, agg.recorded_at)
+            # An id with a place already is this turn's reply again (a restart re-runs a
+            # turn): its record will be refused, and the place stays its first sender's.
+            known = adapter is None or oid in self.pacer.places
+            place = None if known else self.pacer.enter(oid, agg.target, agg.recorded_at)
             waits = place is not None and self.pacer.would_wait(place, agg.target)
             if adapter is not None and not waits:
                 agg.start_attempt(by=self.owner, now=self._now(), guard=guard)

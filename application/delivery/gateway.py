@@ -209,6 +209,7 @@ class Gateway:
             self.add_adapter(adapter)
             connected.append(adapter.platform)
         platforms = frozenset(self._adapters)
+        self._courier.pacer.begin()
         problem = await self._check_ledger()
         if problem is None:
             await self._join_budgets()

@@ -215,6 +215,9 @@ class Pacer:
         self.waiting: dict[int, tuple[str, float]] = {}
         self.order_released = 0
         self.waits = 0
+        self.began: float | None = None
+        """When this gateway began sending (``begin``): another gateway may have sent to
+        any chat just before, so each chat's first window counts as full from then."""
 
     # -- platforms and their budget -------------------------------------------------------
 
@@ -250,6 +253,12 @@ class Pacer:
             window = self.bot_windows[platform] = Window(limit)
         return window
 
+    def begin(self) -> None:
+        """This gateway starts sending: what others sent to a chat in the last window is
+        unknown here (a gateway restarted in another's place, a sweeper's re-sends), so a
+        chat's first hand-off waits out one window from now."""
+        self.began = self.clock()
+
     def _chat_window(self, target: DeliveryTarget, key: TargetKey) -> Window | None:
         window = self.chat_windows.get(key)
         if window is None:
@@ -258,6 +267,9 @@ class Pacer:
             if limit is None:
                 return None
             window = self.chat_windows[key] = Window(limit)
+            began = self.began
+            if began is not None and self.clock() - began < limit.per * (1 + MARGIN):
+                window.times.extend([began] * limit.sends)
         return window
 
     def pause(self, target: DeliveryTarget, scope: str, seconds: float) -> None:
@@ -522,18 +534,20 @@ class Pacer:
                 self._handed_over(place.key)
 
     def _handed_over(self, key: TargetKey) -> None:
-        """Another gateway's last send to this chat was just now, as far as we know:
-        count it in the chat's window, so the next hand-off keeps the chat's spacing."""
+        """Another gateway sent to this chat up to now, how much is unknown here: its
+        window counts as full from now, so the next hand-off keeps the chat's limit
+        whatever the other sent."""
+        limits = self.limits.get(key[0])
+        if limits is None:
+            return
+        target = DeliveryTarget(platform=key[0], chat_id=key[1], thread_id=key[2])
+        limit = limits.chat_limit(target)
+        if limit is None:
+            return
         window = self.chat_windows.get(key)
-        if window is not None:
-            window.take(self.clock())
-        elif key[0] in self.limits:
-            limits = self.limits[key[0]]
-            target = DeliveryTarget(platform=key[0], chat_id=key[1], thread_id=key[2])
-            limit = limits.chat_limit(target)
-            if limit is not None:
-                self.chat_windows[key] = window = Window(limit)
-                window.take(self.clock())
+        if window is None:
+            window = self.chat_windows[key] = Window(limit)
+        window.times.extend([self.clock()] * limit.sends)
 
     def load_foreign(self, replies: Iterable[tuple[str, DeliveryTarget, datetime]]) -> int:
         """Earlier replies other gateways of the store owe (ADR 0059): they hold their

@@ -90,8 +90,11 @@ StatusSink = Callable[[str, str, datetime, str, str], Awaitable[bool]]
 """``Gateway.report_status(obligation_id, status, at, detail, message_id)``."""
 STATUS_POLL = 0.02
 """Seconds between two looks for owed status webhooks."""
-MAX_STATUS_TRIES = 250
-"""Deliveries of one status webhook before the platform gives up on it (``done = 2``)."""
+MAX_STATUS_TRIES = 1500
+"""Deliveries of one status webhook before the platform gives up on it (``done = 2``):
+about 30 s of re-deliveries, as platforms re-deliver a webhook the receiver refused for a
+long while (WhatsApp for days); one refused while its reply was still being sent then lands
+once the reply is delivered, and reopens it."""
 
 
 def _limit_items(
