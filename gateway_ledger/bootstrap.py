@@ -406,6 +406,15 @@ def open_ledger(
         raise
 
 
+def shared_budget_of(ledger: Any) -> SharedBudget | None:
+    """The store's shared bot budgets (ADR 0060); None for a ledger without a SQL store
+    (in memory: one process, nothing to share)."""
+    recorder = getattr(ledger, "recorder", None)
+    if getattr(recorder, "datastore", None) is None:
+        return None
+    return SharedBudget.of(ledger)
+
+
 class Gateway(delivery_gateway.Gateway):
     """The delivery path over a store-backed ledger, writing through the group-commit
     writer unless given another (the public ``Gateway``)."""
@@ -427,7 +436,7 @@ class Gateway(delivery_gateway.Gateway):
         super().__init__(
             ledger,
             writer=writer if writer is not None else GroupCommitWriter(ledger),
-            budget=budget if budget is not None else SharedBudget.of(ledger),
+            budget=budget if budget is not None else shared_budget_of(ledger),
             sessions=sessions,
             sweep=sweep,
             scheduler=scheduler,
@@ -797,8 +806,8 @@ def pacing_status(ledger: DeliveryLedger) -> dict[str, Any]:
         age = (now - entry.recorded_at).total_seconds()
         figures["oldest_age_seconds"] = round(max(figures["oldest_age_seconds"], age), 3)
     found: dict[str, Any] = {"queued": queued, "pauses": {}, "sharing": {}}
-    if getattr(ledger, "recorder", None) is not None:
-        budget = SharedBudget.of(ledger)
+    budget = shared_budget_of(ledger)
+    if budget is not None:
         found["pauses"] = {p: round(s, 3) for p, s in budget.pauses().items()}
         found["sharing"] = budget.sharing()
     return found
