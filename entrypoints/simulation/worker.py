@@ -33,7 +33,6 @@ from gateway_ledger.application.delivery.ports import Reply, ReplyContext
 from gateway_ledger.application.delivery.scheduling import AsyncioScheduler
 from gateway_ledger.bootstrap import Gateway
 from gateway_ledger.domain.values import LedgerPolicy, MediaItem
-from gateway_ledger.entrypoints.simulation.limits import RATE_SCALE
 from gateway_ledger.entrypoints.simulation.platform import (
     PlatformBehaviour,
     ReconcilingPlatform,
@@ -51,11 +50,16 @@ def scaled_policy() -> LedgerPolicy:
     return LedgerPolicy(
         retry_backoff=(timedelta(seconds=30 * TIME_SCALE), timedelta(seconds=120 * TIME_SCALE)),
         max_retry_after=timedelta(seconds=15 * 60 * TIME_SCALE),
-        # Order waits for sends, and sends run on the platforms' clock (RATE_SCALE):
-        # the bound keeps its proportion to a backlog's drain time, as in real time.
-        order_wait=timedelta(seconds=120 * RATE_SCALE),
+        # The platforms' windows run ten times faster (RATE_SCALE), the gateways' CPU does
+        # not: a backlog drains here in about the time it would really take. The bound
+        # keeps a quarter of its real length, well above a drain, so it ends stuck replies
+        # (one left to a later boot sweep), not queues that move slowly.
+        order_wait=timedelta(seconds=120 * ORDER_SCALE),
     )
 
+
+ORDER_SCALE = 0.25
+"""The simulated ``order_wait`` is 30 s (see ``scaled_policy``)."""
 
 SHARE_PERIOD = 0.5
 """Seconds between two renewals of a gateway's share of a bot's budget (ADR 0060): runs
