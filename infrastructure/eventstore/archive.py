@@ -3,7 +3,7 @@
 A file is one or more gzip members (each prune appends one; ``gzip`` reads them as one
 stream). Its first line of each member is a header::
 
-    {"archive": "gateway-ledger", "format": 1, "release": "0.2.0", "written_at": ISO}
+    {"archive": "gateway-ledger", "format": 1, "release": "0.3.0", "written_at": ISO}
 
 then one line per obligation::
 
