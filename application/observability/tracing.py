@@ -125,10 +125,11 @@ def annotate(opened: Any, **attributes: Any) -> None:
 
 def trace_id() -> str | None:
     """The id of the trace recording now (32 hex), or None."""
-    if _otel is None or _tracer() is None:
+    if _otel is None:
         return None
+    # The current span first (a context variable): with none, no provider is asked.
     context = _otel.get_current_span().get_span_context()
-    if not context.is_valid:
+    if not context.is_valid or _tracer() is None:
         return None
     return format(context.trace_id, "032x")
 

@@ -162,18 +162,23 @@ class KeyedPostgresApplicationRecorder(PostgresApplicationRecorder):
         # With the library's database functions the hook below is never called.
         self.stores_keys = not self.datastore.enable_db_functions
         self._keys = sql.Identifier(self.datastore.schema, KEYS_TABLE)
+        # Every statement of a write rendered once: psycopg renders a composed query
+        # (``sql.SQL(...).format(...)``) again on each execute, which cost more CPU than
+        # anything else of a one-reply commit (docs/performance.md, issue 21).
+        self.insert_events_statement = _rendered(self.insert_events_statement)
+        self.lock_table_statements = [_rendered(q) for q in self.lock_table_statements]
+        self._keys_in_use = _rendered(
+            sql.SQL(
+                "SELECT subject_id, key_id FROM {} WHERE subject_id = ANY(%s) FOR KEY SHARE"
+            ).format(self._keys)
+        )
 
     def _insert_events(
         self, curs: Any, stored_events: Sequence[StoredEvent], **kwargs: Any
     ) -> None:
         keys: WriteKeys | None = kwargs.get("keys")
         if keys is not None and keys.used:
-            curs.execute(
-                sql.SQL(
-                    "SELECT subject_id, key_id FROM {} WHERE subject_id = ANY(%s) FOR KEY SHARE"
-                ).format(self._keys),
-                (list(keys.used),),
-            )
+            curs.execute(self._keys_in_use, (list(keys.used),))
             erased_among(keys.used, [_pair(row) for row in curs.fetchall()])
         rows = keys.rows if keys is not None else ()
         if rows:
@@ -190,6 +195,14 @@ class KeyedPostgresApplicationRecorder(PostgresApplicationRecorder):
 
     def close(self) -> None:
         """Nothing of its own to close: its connections are the pool's."""
+
+
+def _rendered(query: Any) -> Any:
+    """A composed query as one literal ``sql.SQL`` (identifiers quoted now, no
+    connection needed); a query already plain is returned as it is."""
+    if isinstance(query, sql.Composed):
+        return sql.SQL(query.as_string(None))
+    return query
 
 
 def _pair(row: Any) -> tuple[str, str]:
