@@ -285,7 +285,7 @@ class RecoverySweep:
         if not batch:
             return
         try:
-            self.ledger.save(*(d.obligation for d in batch))
+            self.ledger.store_changes([d.obligation for d in batch])
         except (IntegrityError, PersistenceError) as e:
             if len(batch) == 1 and isinstance(e, IntegrityError):
                 self.counts["lost_races"] += 1
@@ -306,7 +306,7 @@ class RecoverySweep:
         if decision is None:
             return
         try:
-            self.ledger.save(decision.obligation)
+            self.ledger.store_changes([decision.obligation])
         except IntegrityError:
             self.counts["lost_races"] += 1
             log.debug("sweep: %s taken by a concurrent sweeper", obligation_id)
