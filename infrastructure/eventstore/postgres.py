@@ -163,9 +163,14 @@ class KeyedPostgresApplicationRecorder(PostgresApplicationRecorder):
         self.stores_keys = not self.datastore.enable_db_functions
         self._keys = sql.Identifier(self.datastore.schema, KEYS_TABLE)
         # Every statement of a write rendered once: psycopg renders a composed query
-        # (``sql.SQL(...).format(...)``) again on each execute, which cost more CPU than
-        # anything else of a one-reply commit (docs/performance.md, issue 21).
-        self.insert_events_statement = _rendered(self.insert_events_statement)
+        # (``sql.SQL(...).format(...)``) again on each execute, about a quarter of the
+        # writer thread's CPU in a one-reply commit (docs/performance.md, issue 21). The
+        # stored events' array travels in binary (``%b``): the text form spells each
+        # event's bytes out in hex, in Python, event by event.
+        insert = _rendered(self.insert_events_statement).as_string(None)
+        self.insert_events_statement = sql.Composed(
+            [sql.SQL(insert.replace("unnest(%s", "unnest(%b"))]
+        )
         self.lock_table_statements = [_rendered(q) for q in self.lock_table_statements]
         self._keys_in_use = _rendered(
             sql.SQL(

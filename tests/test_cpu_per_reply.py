@@ -1,0 +1,97 @@
+"""What the CPU-per-reply work (issue 21) relies on, pinned.
+
+- The PostgreSQL recorder's write statements are rendered once, from the library's own
+  public attributes (``insert_events_statement``, ``lock_table_statements``), with the
+  stored events' array sent in binary; events written so read back unchanged.
+- The transcoder builds a frozen value read again only once, and never confuses values
+  that compare equal across types (``1 == True``).
+- The keyed names of the key ring are the HMAC-SHA256 they always were.
+- The mapper remembers a bounded number of subjects, so a settled reply keeps nothing.
+"""
+
+from __future__ import annotations
+
+import hmac
+from datetime import UTC, datetime
+
+import attrs
+import orjson
+from psycopg import sql
+
+from gateway_ledger.bootstrap import DeliveryLedger
+from gateway_ledger.domain.values import OwnerIdentity
+from gateway_ledger.infrastructure.eventstore.transcoder import AttrsTranscoding, OrjsonTranscoder
+from gateway_ledger.infrastructure.privacy import private_mapper
+
+
+def test_postgres_write_statements_are_rendered_once_and_events_read_back(pg_url: str) -> None:
+    ledger = DeliveryLedger.open(pg_url)
+    try:
+        recorder = ledger.recorder
+        statement = recorder.insert_events_statement
+        assert all(type(part) is sql.SQL for part in statement)  # rendered once
+        assert "unnest(%b::" in statement.as_string(None)  # the events' array in binary
+        assert all(type(q) is sql.SQL for q in recorder.lock_table_statements)
+        assert any("LOCK TABLE" in q.as_string(None) for q in recorder.lock_table_statements)
+        ledger.record_obligation(
+            obligation_id="cpu-1",
+            session_key="agent:main:telegram:dm:1",
+            platform="telegram",
+            chat_id="1",
+            content="bytes that must come back exactly: é \x00 ✓",
+            metadata={"k": [1, 2.5, None, True]},
+        )
+        ledger.mark_attempting("cpu-1")
+        ledger.mark_delivered("cpu-1", ["m-1"])
+    finally:
+        ledger.close()
+    reopened = DeliveryLedger.open(pg_url)
+    try:
+        assert [e.type for e in reopened.history("cpu-1")] == [
+            "Recorded",
+            "Attempting",
+            "Delivered",
+        ]
+        assert reopened.load("cpu-1").content == "bytes that must come back exactly: é \x00 ✓"
+        assert reopened.load("cpu-1").metadata == {"k": [1, 2.5, None, True]}
+    finally:
+        reopened.close()
+
+
+@attrs.frozen
+class _Pair:
+    a: object
+    b: object
+
+
+def test_frozen_values_are_decoded_once_and_types_are_kept_apart() -> None:
+    transcoder = OrjsonTranscoder()
+    transcoder.register(AttrsTranscoding(OwnerIdentity))
+    transcoder.register(AttrsTranscoding(_Pair))
+    owner = OwnerIdentity(host="h", boot_id="b", pid=12, start_time=34)
+    data = transcoder.encode({"by": owner, "at": datetime(2026, 12, 2, tzinfo=UTC)})
+    first, second = transcoder.decode(data)["by"], transcoder.decode(data)["by"]
+    assert first == owner and first is second  # built (and validated) once
+    one = transcoder.decode(orjson.dumps({"_type_": "_Pair", "_data_": {"a": 1, "b": 1.0}}))
+    true = transcoder.decode(orjson.dumps({"_type_": "_Pair", "_data_": {"a": True, "b": 1}}))
+    assert type(one.a) is int and type(one.b) is float
+    assert type(true.a) is bool and type(true.b) is int
+    listed = transcoder.decode(orjson.dumps({"_type_": "_Pair", "_data_": {"a": [1], "b": 2}}))
+    assert listed == _Pair([1], 2)  # unhashable fields: built each time, still right
+
+
+def test_keyed_names_are_hmac_sha256_of_the_value(tmp_path: object) -> None:
+    ledger = DeliveryLedger.open(f"{tmp_path}/ledger.db")
+    try:
+        keyring = ledger.private_mapper.keyring
+        name = keyring.keyed_name("agent:main:telegram:dm:1\0in-1")
+        name_key = keyring.derived_key("gateway-ledger/subject-id/v1")
+        expected = hmac.digest(name_key, b"agent:main:telegram:dm:1\0in-1", "sha256").hex()[:32]
+        assert name == expected
+        assert keyring.keyed_name("x") == keyring.keyed_name("x") != name
+    finally:
+        ledger.close()
+
+
+def test_the_mapper_remembers_a_bounded_number_of_subjects() -> None:
+    assert private_mapper.MAX_REMEMBERED_SUBJECTS <= 10_000
