@@ -196,6 +196,16 @@ class DeliveryObligation(Aggregate):
         metadata: dict[str, Any]
         owner: OwnerIdentity
 
+        def mutate(self, aggregate: Any) -> Any:
+            """The obligation this event creates: what the library's creation event does
+            (its base initialiser, then ``apply``) without its generic keyword filtering,
+            twice per obligation built or loaded, for an ``__init__`` that takes nothing."""
+            assert aggregate is None
+            obligation = DeliveryObligation.__new__(DeliveryObligation)
+            obligation.__base_init__(self.originator_id, self.originator_version, self.timestamp)
+            self.apply(obligation)
+            return obligation
+
         def apply(self, obligation: DeliveryObligation) -> None:
             obligation.obligation_id = self.obligation_id
             obligation.session_key = self.session_key
