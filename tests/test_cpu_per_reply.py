@@ -95,3 +95,32 @@ def test_keyed_names_are_hmac_sha256_of_the_value(tmp_path: object) -> None:
 
 def test_the_mapper_remembers_a_bounded_number_of_subjects() -> None:
     assert private_mapper.MAX_REMEMBERED_SUBJECTS <= 10_000
+
+
+def test_recorded_builds_the_same_obligation_as_the_librarys_creation_event() -> None:
+    """``Recorded.mutate`` skips the library's keyword filtering; what it builds must be
+    what the library's own creation path builds from the same event."""
+    from gateway_ledger.domain.delivery.obligation import DeliveryObligation
+    from gateway_ledger.domain.values import DeliveryTarget
+
+    owner = OwnerIdentity(host="h", boot_id="b", pid=12, start_time=34)
+    built = DeliveryObligation.record(
+        obligation_id="cpu-2",
+        session_key="agent:main:telegram:dm:2",
+        target=DeliveryTarget(platform="telegram", chat_id="2"),
+        content="hello",
+        owner=owner,
+        now=datetime(2026, 12, 2, tzinfo=UTC),
+        metadata={"a": 1},
+    )
+    (recorded,) = built.collect_events()
+    ours = recorded.mutate(None)
+    theirs = super(DeliveryObligation.Recorded, recorded).mutate(None)
+    assert type(ours) is type(theirs) is DeliveryObligation
+    assert vars(ours) == vars(theirs)
+    assert (ours.id, ours.version, ours.created_on, ours.modified_on) == (
+        theirs.id,
+        theirs.version,
+        theirs.created_on,
+        theirs.modified_on,
+    )
