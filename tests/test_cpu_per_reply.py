@@ -5,6 +5,8 @@
   stored events' array sent in binary; events written so read back unchanged.
 - The transcoder builds a frozen value read again only once, and never confuses values
   that compare equal across types (``1 == True``).
+- The one write path's PostgreSQL write reads no notification ids back, and still refuses
+  a version already taken with the library's ``IntegrityError``.
 - The keyed names of the key ring are the HMAC-SHA256 they always were.
 - The mapper remembers a bounded number of subjects, so a settled reply keeps nothing.
 """
@@ -12,10 +14,13 @@
 from __future__ import annotations
 
 import hmac
+import uuid
 from datetime import UTC, datetime
 
 import attrs
 import orjson
+import pytest
+from eventsourcing.persistence import IntegrityError, StoredEvent
 from psycopg import sql
 
 from gateway_ledger.bootstrap import DeliveryLedger
@@ -124,3 +129,31 @@ def test_recorded_builds_the_same_obligation_as_the_librarys_creation_event() ->
         theirs.created_on,
         theirs.modified_on,
     )
+
+
+def test_postgres_append_reads_no_ids_back_and_refuses_a_taken_version(pg_url: str) -> None:
+    """The one write path's PostgreSQL write (``notification_ids=False``): the library's
+    statements without the INSERT's RETURNING, in one transaction; a version already
+    taken raises the library's ``IntegrityError`` and stores none of the write's events;
+    a caller that wants the ids still gets them from the library's own write."""
+    ledger = DeliveryLedger.open(pg_url)
+    try:
+        recorder = ledger.recorder
+        assert "RETURNING" not in recorder._insert_unreturned.as_string(None)
+        assert "RETURNING" in recorder.insert_events_statement.as_string(None)
+        one, two = uuid.uuid4(), uuid.uuid4()
+        assert (
+            recorder.insert_events([StoredEvent(one, 1, "t", b"{}")], notification_ids=False)
+            is None
+        )
+        with pytest.raises(IntegrityError):
+            recorder.insert_events(
+                [StoredEvent(two, 1, "t", b"{}"), StoredEvent(one, 1, "t", b"{}")],
+                notification_ids=False,
+            )
+        assert recorder.select_events(two) == []
+        ids = recorder.insert_events([StoredEvent(two, 1, "t", b"{}")])
+        assert ids is not None and len(ids) == 1
+        assert [e.originator_version for e in recorder.select_events(one)] == [1]
+    finally:
+        ledger.close()

@@ -13,8 +13,9 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
 import psycopg
-from eventsourcing.persistence import StoredEvent
+from eventsourcing.persistence import InterfaceError, OperationalError, StoredEvent
 from eventsourcing.postgres import PostgresApplicationRecorder
+from eventsourcing.utils import retry
 from psycopg import sql
 
 from gateway_ledger.domain.errors import InvalidInput, NotAStore
@@ -172,11 +173,56 @@ class KeyedPostgresApplicationRecorder(PostgresApplicationRecorder):
             [sql.SQL(insert.replace("unnest(%s", "unnest(%b"))]
         )
         self.lock_table_statements = [_rendered(q) for q in self.lock_table_statements]
+        # The group commit's write (``notification_ids=False``) reads no notification ids
+        # back: the same INSERT without its RETURNING, and the same NOTIFY, rendered once.
+        self._insert_unreturned = sql.SQL(
+            insert.replace("unnest(%s", "unnest(%b").removesuffix(" RETURNING notification_id")
+        )
+        self._notify = sql.SQL(
+            sql.SQL("NOTIFY {}").format(sql.Identifier(self.channel_name)).as_string(None)
+        )
         self._keys_in_use = _rendered(
             sql.SQL(
                 "SELECT subject_id, key_id FROM {} WHERE subject_id = ANY(%s) FOR KEY SHARE"
             ).format(self._keys)
         )
+
+    @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)  # as the library's
+    def insert_events(
+        self, stored_events: Sequence[StoredEvent], **kwargs: Any
+    ) -> Sequence[int] | None:
+        """The library's write, for a caller that wants no notification ids back (the one
+        write path's ``append``): the same statements in the same transaction and order
+        (key rows, the table's lock, NOTIFY, the INSERT) on one cursor, without the
+        INSERT's RETURNING and the second cursor that reads the ids back into dicts
+        (docs/performance.md, issue 21). Any other caller gets the library's own."""
+        if kwargs.get("notification_ids", True) or self.datastore.enable_db_functions:
+            ids: Sequence[int] | None = super().insert_events(stored_events, **kwargs)
+            return ids
+        if not stored_events:
+            return None
+        construct = self.construct_pg_stored_event
+        events = [
+            construct(e.originator_id, e.originator_version, e.topic, e.state)
+            for e in stored_events
+        ]
+        failed: Exception | None = None
+        with self.datastore.get_connection() as conn:
+            with conn.pipeline() as pipeline, conn.transaction(), conn.cursor() as curs:
+                self._insert_events(curs, stored_events, **kwargs)
+                for lock in self.lock_table_statements:
+                    curs.execute(lock, prepare=True)
+                curs.execute(self._notify)
+                try:
+                    curs.execute(self._insert_unreturned, (events,))
+                    # A duplicate version raises here, as the library's own write
+                    # does, not later as an InternalError at the commit.
+                    pipeline.sync()
+                except Exception as e:  # raised after the pipeline's exit, as there
+                    failed = e
+            if failed is not None:
+                raise failed
+        return None
 
     def _insert_events(
         self, curs: Any, stored_events: Sequence[StoredEvent], **kwargs: Any
