@@ -5,8 +5,9 @@
   stored events' array sent in binary; events written so read back unchanged.
 - The transcoder builds a frozen value read again only once, and never confuses values
   that compare equal across types (``1 == True``).
-- The one write path's PostgreSQL write reads no notification ids back, and still refuses
-  a version already taken with the library's ``IntegrityError``.
+- The one write path's PostgreSQL write reads no notification ids back, on a connection
+  of the recorder's own, and still refuses a version already taken with the library's
+  ``IntegrityError``.
 - The keyed names of the key ring are the HMAC-SHA256 they always were.
 - The mapper remembers a bounded number of subjects, so a settled reply keeps nothing.
 """
@@ -133,9 +134,10 @@ def test_recorded_builds_the_same_obligation_as_the_librarys_creation_event() ->
 
 def test_postgres_append_reads_no_ids_back_and_refuses_a_taken_version(pg_url: str) -> None:
     """The one write path's PostgreSQL write (``notification_ids=False``): the library's
-    statements without the INSERT's RETURNING, in one transaction; a version already
-    taken raises the library's ``IntegrityError`` and stores none of the write's events;
-    a caller that wants the ids still gets them from the library's own write."""
+    statements without the INSERT's RETURNING, in one transaction on the recorder's own
+    connection; a version already taken raises the library's ``IntegrityError`` and
+    stores none of the write's events; a broken connection is replaced; a caller that
+    wants the ids still gets them from the library's own write."""
     ledger = DeliveryLedger.open(pg_url)
     try:
         recorder = ledger.recorder
@@ -155,5 +157,9 @@ def test_postgres_append_reads_no_ids_back_and_refuses_a_taken_version(pg_url: s
         ids = recorder.insert_events([StoredEvent(two, 1, "t", b"{}")])
         assert ids is not None and len(ids) == 1
         assert [e.originator_version for e in recorder.select_events(one)] == [1]
+        recorder._conn.close()  # a write connection that broke: opened again, write lands
+        recorder.insert_events([StoredEvent(one, 2, "t", b"{}")], notification_ids=False)
+        assert [e.originator_version for e in recorder.select_events(one)] == [1, 2]
     finally:
         ledger.close()
+    assert ledger.recorder._conn is None  # closed with the ledger

@@ -6,17 +6,32 @@ missing, so several installations (or test runs) can share one database.
 
 from __future__ import annotations
 
+import contextlib
 import re
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
 import psycopg
-from eventsourcing.persistence import InterfaceError, OperationalError, StoredEvent
+from eventsourcing.persistence import (
+    DatabaseError,
+    DataError,
+    IntegrityError,
+    InterfaceError,
+    InternalError,
+    NotSupportedError,
+    OperationalError,
+    PersistenceError,
+    ProgrammingError,
+    StoredEvent,
+)
 from eventsourcing.postgres import PostgresApplicationRecorder
 from eventsourcing.utils import retry
 from psycopg import sql
+from psycopg.pq import TransactionStatus
+from psycopg.types.composite import register_composite
 
 from gateway_ledger.domain.errors import InvalidInput, NotAStore
 from gateway_ledger.infrastructure.privacy.key_table import KEYS_TABLE, KeyRaceLost, erased_among
@@ -173,6 +188,9 @@ class KeyedPostgresApplicationRecorder(PostgresApplicationRecorder):
             [sql.SQL(insert.replace("unnest(%s", "unnest(%b"))]
         )
         self.lock_table_statements = [_rendered(q) for q in self.lock_table_statements]
+        self._conn: psycopg.Connection[Any] | None = None
+        self._registered = 0  # composite types registered on it
+        self._write_lock = threading.Lock()
         # The group commit's write (``notification_ids=False``) reads no notification ids
         # back: the same INSERT without its RETURNING, and the same NOTIFY, rendered once.
         self._insert_unreturned = sql.SQL(
@@ -192,10 +210,15 @@ class KeyedPostgresApplicationRecorder(PostgresApplicationRecorder):
         self, stored_events: Sequence[StoredEvent], **kwargs: Any
     ) -> Sequence[int] | None:
         """The library's write, for a caller that wants no notification ids back (the one
-        write path's ``append``): the same statements in the same transaction and order
-        (key rows, the table's lock, NOTIFY, the INSERT) on one cursor, without the
-        INSERT's RETURNING and the second cursor that reads the ids back into dicts
-        (docs/performance.md, issue 21). Any other caller gets the library's own."""
+        write path's ``append``): the same statements in the same order in one transaction
+        (key rows, the table's lock, NOTIFY, the INSERT), on a connection of the
+        recorder's own kept open, as the SQLite recorder's writes are, in a plain
+        ``BEGIN`` ... ``COMMIT``; without the pool's check-out and ping, the pipeline and
+        transaction objects, and the INSERT's RETURNING read back into dicts: about half
+        the CPU of a commit (docs/performance.md, issue 21). A version already taken
+        raises the library's ``IntegrityError``; a broken connection is dropped and the
+        write retried as the library retries its own. Any other caller (and the
+        library's database functions) gets the library's own write."""
         if kwargs.get("notification_ids", True) or self.datastore.enable_db_functions:
             ids: Sequence[int] | None = super().insert_events(stored_events, **kwargs)
             return ids
@@ -206,23 +229,60 @@ class KeyedPostgresApplicationRecorder(PostgresApplicationRecorder):
             construct(e.originator_id, e.originator_version, e.topic, e.state)
             for e in stored_events
         ]
-        failed: Exception | None = None
-        with self.datastore.get_connection() as conn:
-            with conn.pipeline() as pipeline, conn.transaction(), conn.cursor() as curs:
-                self._insert_events(curs, stored_events, **kwargs)
-                for lock in self.lock_table_statements:
-                    curs.execute(lock, prepare=True)
-                curs.execute(self._notify)
+        with self._write_lock:
+            try:
+                conn = self._connection()
+                curs = conn.cursor()
+                curs.execute(_BEGIN)
                 try:
+                    self._insert_events(curs, stored_events, **kwargs)
+                    for lock in self.lock_table_statements:
+                        curs.execute(lock, prepare=True)
+                    curs.execute(self._notify)
                     curs.execute(self._insert_unreturned, (events,))
-                    # A duplicate version raises here, as the library's own write
-                    # does, not later as an InternalError at the commit.
-                    pipeline.sync()
-                except Exception as e:  # raised after the pipeline's exit, as there
-                    failed = e
-            if failed is not None:
-                raise failed
+                    curs.execute(_COMMIT)
+                except BaseException:
+                    if not conn.closed and conn.info.transaction_status != _IDLE:
+                        conn.execute(_ROLLBACK)
+                    raise
+            except psycopg.Error as e:
+                raise self._library_error(e) from e
         return None
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        """The write connection, opened as the library's pool opens its connections
+        (same parameters and rows, autocommit, its session settings), with the store's
+        composite types registered."""
+        conn = self._conn
+        if conn is None or conn.closed:
+            params = self.datastore.pool.kwargs
+            params = params() if callable(params) else params
+            conn = self._conn = psycopg.Connection.connect(**(params or {}))
+            self.datastore.after_connect_func()(conn)
+            self._registered = 0
+        adapters = self.datastore.psycopg_type_adapters
+        if self._registered != len(adapters):
+            for info in adapters.values():
+                if not conn.adapters.types.get(info.oid):
+                    register_composite(info, conn)
+            self._registered = len(adapters)
+        return conn
+
+    def _library_error(self, error: psycopg.Error) -> Exception:
+        """The library's error for a psycopg one, as its connections raise them; a
+        connection that failed (operational, interface) is dropped first."""
+        if isinstance(error, psycopg.OperationalError | psycopg.InterfaceError):
+            self._drop_connection()
+        for psycopg_class, library_class in _LIBRARY_ERRORS:
+            if isinstance(error, psycopg_class):
+                return library_class(str(error))
+        return PersistenceError(str(error))
+
+    def _drop_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                conn.close()
 
     def _insert_events(
         self, curs: Any, stored_events: Sequence[StoredEvent], **kwargs: Any
@@ -245,7 +305,27 @@ class KeyedPostgresApplicationRecorder(PostgresApplicationRecorder):
         super()._insert_events(curs, stored_events, **kwargs)
 
     def close(self) -> None:
-        """Nothing of its own to close: its connections are the pool's."""
+        """Close the write connection (the pool's are closed with the application)."""
+        with self._write_lock:
+            self._drop_connection()
+
+
+_BEGIN = sql.SQL("BEGIN")
+_COMMIT = sql.SQL("COMMIT")
+_ROLLBACK = sql.SQL("ROLLBACK")
+_IDLE = TransactionStatus.IDLE
+
+_LIBRARY_ERRORS: tuple[tuple[type[psycopg.Error], type[Exception]], ...] = (
+    (psycopg.InterfaceError, InterfaceError),
+    (psycopg.OperationalError, OperationalError),
+    (psycopg.DataError, DataError),
+    (psycopg.IntegrityError, IntegrityError),
+    (psycopg.InternalError, InternalError),
+    (psycopg.ProgrammingError, ProgrammingError),
+    (psycopg.NotSupportedError, NotSupportedError),
+    (psycopg.DatabaseError, DatabaseError),
+)
+"""psycopg's errors and the library's, in the order its connections translate them."""
 
 
 def _rendered(query: Any) -> Any:
