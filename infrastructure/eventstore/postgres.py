@@ -255,9 +255,12 @@ class KeyedPostgresApplicationRecorder(PostgresApplicationRecorder):
         composite types registered."""
         conn = self._conn
         if conn is None or conn.closed:
-            params = self.datastore.pool.kwargs
-            params = params() if callable(params) else params
-            conn = self._conn = psycopg.Connection.connect(**(params or {}))
+            pool = self.datastore.pool
+            params = pool.kwargs() if callable(pool.kwargs) else pool.kwargs
+            # The pool's wait for a connection bounds the connect here (libpq: seconds).
+            conn = self._conn = psycopg.Connection.connect(
+                **{"connect_timeout": max(1, round(pool.timeout)), **(params or {})}
+            )
             self.datastore.after_connect_func()(conn)
             self._registered = 0
         adapters = self.datastore.psycopg_type_adapters
