@@ -157,8 +157,13 @@ def test_postgres_append_reads_no_ids_back_and_refuses_a_taken_version(pg_url: s
         ids = recorder.insert_events([StoredEvent(two, 1, "t", b"{}")])
         assert ids is not None and len(ids) == 1
         assert [e.originator_version for e in recorder.select_events(one)] == [1]
-        recorder._conn.close()  # a write connection that broke: opened again, write lands
+        # The server ends the write connection: the next write fails on it, drops it,
+        # and is tried again (the library's retry) on a new one, where it lands.
+        pid = recorder._conn.info.backend_pid
+        with recorder.datastore.transaction(commit=True) as curs:
+            curs.execute("SELECT pg_terminate_backend(%s)", (pid,))
         recorder.insert_events([StoredEvent(one, 2, "t", b"{}")], notification_ids=False)
+        assert recorder._conn.info.backend_pid != pid
         assert [e.originator_version for e in recorder.select_events(one)] == [1, 2]
     finally:
         ledger.close()

@@ -205,7 +205,6 @@ class KeyedPostgresApplicationRecorder(PostgresApplicationRecorder):
             ).format(self._keys)
         )
 
-    @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)  # as the library's
     def insert_events(
         self, stored_events: Sequence[StoredEvent], **kwargs: Any
     ) -> Sequence[int] | None:
@@ -214,16 +213,21 @@ class KeyedPostgresApplicationRecorder(PostgresApplicationRecorder):
         (key rows, the table's lock, NOTIFY, the INSERT), on a connection of the
         recorder's own kept open, as the SQLite recorder's writes are, in a plain
         ``BEGIN`` ... ``COMMIT``; without the pool's check-out and ping, the pipeline and
-        transaction objects, and the INSERT's RETURNING read back into dicts: about half
-        the CPU of a commit (docs/performance.md, issue 21). A version already taken
+        transaction objects, and the INSERT's RETURNING read back into dicts: about 40 %
+        less CPU per commit (docs/performance.md, issue 21). A version already taken
         raises the library's ``IntegrityError``; a broken connection is dropped and the
         write retried as the library retries its own. Any other caller (and the
         library's database functions) gets the library's own write."""
         if kwargs.get("notification_ids", True) or self.datastore.enable_db_functions:
             ids: Sequence[int] | None = super().insert_events(stored_events, **kwargs)
             return ids
-        if not stored_events:
-            return None
+        if stored_events:
+            self._append(stored_events, kwargs)
+        return None
+
+    @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)  # as the library's
+    def _append(self, stored_events: Sequence[StoredEvent], kwargs: dict[str, Any]) -> None:
+        """One attempt of the write (retried on a failed connection, as the library's)."""
         construct = self.construct_pg_stored_event
         events = [
             construct(e.originator_id, e.originator_version, e.topic, e.state)
@@ -242,12 +246,18 @@ class KeyedPostgresApplicationRecorder(PostgresApplicationRecorder):
                     curs.execute(self._insert_unreturned, (events,))
                     curs.execute(_COMMIT)
                 except BaseException:
-                    if not conn.closed and conn.info.transaction_status != _IDLE:
-                        conn.execute(_ROLLBACK)
+                    self._roll_back(conn)
                     raise
             except psycopg.Error as e:
                 raise self._library_error(e) from e
-        return None
+
+    def _roll_back(self, conn: psycopg.Connection[Any]) -> None:
+        """End a failed write's transaction; a connection that cannot is dropped."""
+        try:
+            if not conn.closed and conn.info.transaction_status != _IDLE:
+                conn.execute(_ROLLBACK)
+        except psycopg.Error:
+            self._drop_connection()
 
     def _connection(self) -> psycopg.Connection[Any]:
         """The write connection, opened as the library's pool opens its connections
