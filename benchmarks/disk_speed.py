@@ -86,7 +86,7 @@ def child(segments: int) -> None:
         raise SystemExit("the flush shim is not loaded (LD_PRELOAD was ignored)")
     with tempfile.TemporaryDirectory(prefix="gateway-ledger-disk-") as tmp:
         _ours, base = commits(Path(tmp), 600)
-        times, _busy, _cpl = asyncio.run(compare(Path(tmp), 1, 200, segments))
+        times, _busy, _cpl, _cpu = asyncio.run(compare(Path(tmp), 1, 200, segments))
     total = {name: sum(t) for name, t in times.items()}
     print(
         json.dumps(

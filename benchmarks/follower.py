@@ -8,7 +8,11 @@ runs it) applies them as they land, so the sweep starts from a current view.
 Per round: another host writes ``--between`` delivered replies (three events each, many
 per transaction) and leaves 100 orphans; then a host opens the ledger and sweeps. Timed:
 the sweep, without a follower and with one running. With the follower, the sweep starts
-once the follower has caught up (printed too: how long after the last commit).
+once the follower has caught up (printed too: how long after the last commit). And the
+CPU of a view catch-up per event: after each round's writes, both views
+(``recoverable_obligations``, ``obligation_index``) caught up in this process, its
+``getrusage`` CPU divided by the events applied, also in reference units ("u",
+``reference.py``, timed in the same run).
 
     python benchmarks/follower.py [--backend sqlite|postgres] [--between N] [--rounds N] [--quick]
 """
@@ -25,6 +29,7 @@ import uuid
 from pathlib import Path
 
 from privacy import drop
+from reference import CpuMeter, cpu_seconds
 from sweep import PG_BASE_URL, dead_owner, orphan, timed, write_history
 
 from gateway_ledger.bootstrap import DeliveryLedger
@@ -69,6 +74,27 @@ def sweep(location: str) -> float:
         ledger.close()
 
 
+def catch_up_cost(location: str, rounds: int, between: int) -> tuple[float, CpuMeter, int]:
+    """CPU seconds of catching both views up over each round's events, in all, with the
+    meter that timed the reference beside it, and the events applied."""
+    meter = CpuMeter()
+    total, applied = 0.0, 0
+    for r in range(rounds):
+        write_round(location, r, between)
+        ledger = DeliveryLedger.open(location)
+        meter.sample()
+        cpu = cpu_seconds()
+        count = ledger.recoverable.catch_up()
+        ledger.obligation_index.catch_up()
+        total += cpu_seconds() - cpu
+        applied += count
+        for item in ledger.sweep_recoverable():  # untimed, as a host would next
+            ledger.mark_delivered(item["obligation_id"])
+        ledger.close()
+    meter.close()
+    return total, meter, applied
+
+
 def measure(location: str, rounds: int, between: int, follow: bool) -> tuple[float, float]:
     follower = None
     if follow:
@@ -100,15 +126,24 @@ def main() -> None:
     if args.quick:
         args.between, args.rounds = 500, 2
     results = {}
-    for follow in (False, True):
+
+    def fresh() -> str:
         if args.backend == "postgres":
             location = f"{PG_BASE_URL}?schema=bench_follow_{uuid.uuid4().hex[:8]}"
         else:
             location = str(Path(tempfile.mkdtemp(prefix="gl-follow-")) / "ledger.db")
         DeliveryLedger.open(location).close()  # the tables exist before the follower starts
+        return location
+
+    for follow in (False, True):
+        location = fresh()
         results[follow] = measure(location, args.rounds, args.between, follow)
         if args.backend == "postgres":
             drop(location)
+    location = fresh()
+    catch_cpu, meter, applied = catch_up_cost(location, args.rounds, args.between)
+    if args.backend == "postgres":
+        drop(location)
     (alone, _), (followed, lag) = results[False], results[True]
     print(
         f"{args.backend}: sweep of {ORPHANS} orphans after {args.between:,} replies"
@@ -122,6 +157,11 @@ def main() -> None:
     print(
         f"| {alone:.1f} ms | {followed:.1f} ms | {followed / alone:.2f}x"
         f" | {lag:.0f} ms after the last commit |"
+    )
+    per_event = catch_cpu / applied
+    print(
+        f"view catch-up (both views), process CPU per event: {1e6 * per_event:.1f} µs"
+        f" = {per_event / meter.unit:.3f} u over {applied:,} events; {meter.describe()}"
     )
 
 

@@ -10,7 +10,9 @@ Measured per store and writer count (each writer a real process, released togeth
   each obligation is claimed exactly once (checked).
 
 Ratios are against SQLite with one writer, measured in the same run. PostgreSQL runs with
-leases on (its default); SQLite with /proc liveness (its default).
+leases on (its default); SQLite with /proc liveness (its default). Also printed: the CPU
+per lifecycle of the writer processes (``getrusage`` in each, opening the store included),
+in reference units too ("u", ``reference.py``, timed in each writer process).
 
     python benchmarks/multihost.py [--quick] [--backend sqlite|postgres|both]
 """
@@ -27,6 +29,10 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from reference import CpuMeter, cpu_seconds
 
 from gateway_ledger.application.delivery.ports import AdapterBase, Reply, ReplyContext, SendResult
 from gateway_ledger.bootstrap import DeliveryLedger, Gateway
@@ -89,13 +95,28 @@ def sweep_worker(location: str, writer: int, count: int) -> int:
 def _run(target: Any, location: str, writer: int, count: int, barrier: Any, out: Any) -> None:
     if target is sweep_worker:
         DeliveryLedger.open(location).recoverable.catch_up()  # warm: the view is current
+    meter = CpuMeter()  # the reference unit, as the other benchmarks take it: a mean
+    meter.sample()
+    meter.sample()
+    unit = meter.unit
     barrier.wait()
     started = time.perf_counter()
+    cpu = cpu_seconds()
     result = target(location, writer, count)
-    out.put((started, time.perf_counter(), result))
+    cpu = cpu_seconds() - cpu
+    out.put((started, time.perf_counter(), result, cpu, unit))
 
 
 def timed(target: Any, location: str, writers: int, count: int) -> tuple[float, list[Any]]:
+    """Wall seconds from the first start to the last end, and each writer's result."""
+    wall, results, _cpu, _units = timed_cpu(target, location, writers, count)
+    return wall, results
+
+
+def timed_cpu(
+    target: Any, location: str, writers: int, count: int
+) -> tuple[float, list[Any], float, float]:
+    """Also the writers' CPU seconds in all, and their CPU in reference units."""
     barrier, out = SPAWN.Barrier(writers), SPAWN.Queue()
     procs = [
         SPAWN.Process(target=_run, args=(target, location, w, count, barrier, out))
@@ -108,7 +129,12 @@ def timed(target: Any, location: str, writers: int, count: int) -> tuple[float, 
         p.join()
         assert p.exitcode == 0
     wall = max(r[1] for r in results) - min(r[0] for r in results)
-    return wall, [r[2] for r in results]
+    return (
+        wall,
+        [r[2] for r in results],
+        sum(r[3] for r in results),
+        sum(r[3] / r[4] for r in results),
+    )
 
 
 def orphans(location: str, count: int) -> None:
@@ -159,8 +185,10 @@ def measure(backend: str, writers: int, sizes: dict[str, int], tmp: Path) -> dic
         location, url = fresh(backend, tmp)
         DeliveryLedger.open(location).close()  # schema and tables exist before timing
         per_writer = sizes[name] // writers
-        wall, _ = timed(worker, location, writers, per_writer)
+        wall, _, cpu, units = timed_cpu(worker, location, writers, per_writer)
         rates[name] = per_writer * writers / wall
+        rates[f"{name}_cpu"] = cpu / (per_writer * writers)
+        rates[f"{name}_u"] = units / (per_writer * writers)
         drop(url)
     location, url = fresh(backend, tmp)
     orphans(location, sizes["claims"])
@@ -191,13 +219,17 @@ def main() -> None:
     base = rows[0][2]
     print(
         "| store | writers | ledger lifecycles/s | ratio | gateway lifecycles/s | ratio "
-        "| claims/s | ratio |"
+        "| claims/s | ratio | CPU per lifecycle: ledger, gateway |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for backend, writers, r in rows:
         cells = []
         for key in ("ledger", "gateway", "claims"):
             cells += [f"{r[key]:.0f}", f"{r[key] / base[key]:.2f}x"]
+        cells.append(
+            f"{1e6 * r['ledger_cpu']:,.0f} µs = {r['ledger_u']:.2f} u;"
+            f" {1e6 * r['gateway_cpu']:,.0f} µs = {r['gateway_u']:.2f} u"
+        )
         print(f"| {backend} | {writers} | " + " | ".join(cells) + " |")
     print(
         f"(ratios against {rows[0][0]} x{rows[0][1]}; {sizes['ledger']} ledger and "

@@ -7,7 +7,9 @@ ledger and sweeps. Reported: the sweep (catch the view up over the orphans' even
 claim all 100), opening the ledger + catching the view up at boot when there is nothing
 new (the view resumes from its tracked position), and, for scale, what replaying the
 whole history would cost (a rebuild of the view). Each figure is the median of several
-rounds; between rounds the claimed obligations are delivered (untimed).
+rounds; between rounds the claimed obligations are delivered (untimed). The sweep's
+process CPU (``getrusage``, median of the rounds) is printed too, and in reference units
+("u", ``reference.py``, timed in the same run).
 
     python benchmarks/sweep.py [--quick] [--backend sqlite|postgres|both] [--rounds N]
 """
@@ -24,6 +26,10 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from reference import CpuMeter, cpu_seconds
 
 from gateway_ledger.bootstrap import DeliveryLedger
 from gateway_ledger.domain.values import OwnerIdentity
@@ -84,12 +90,15 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return (time.perf_counter() - started) * 1000, result
 
 
-def measure(location: str, rounds: int, orphans: int) -> dict[str, float]:
-    sweeps, boots = [], []
+def measure(location: str, rounds: int, orphans: int, meter: CpuMeter) -> dict[str, float]:
+    sweeps, boots, cpus = [], [], []
     for r in range(rounds):
         orphan(location, r, orphans)
         ledger = DeliveryLedger.open(location)
+        meter.sample()
+        cpu = cpu_seconds()
         ms, won = timed(ledger.sweep_recoverable)
+        cpus.append(cpu_seconds() - cpu)
         assert len(won) == orphans, (len(won), ledger.last_sweep)
         sweeps.append(ms)
         for item in won:  # untimed: the redelivery succeeds
@@ -106,7 +115,11 @@ def measure(location: str, rounds: int, orphans: int) -> dict[str, float]:
         ms, applied = timed(boot)
         assert applied == 0
         boots.append(ms)
-    return {"sweep": statistics.median(sweeps), "boot": statistics.median(boots)}
+    return {
+        "sweep": statistics.median(sweeps),
+        "boot": statistics.median(boots),
+        "cpu": statistics.median(cpus),
+    }
 
 
 def rebuild_ms(location: str) -> tuple[float, int]:
@@ -154,8 +167,10 @@ def run(backend: str, delivered: int, orphans: int, rounds: int) -> list[str]:
                 file=sys.stderr,
             )
             DeliveryLedger.open(small).recoverable.catch_up()
-            base = measure(small, rounds, orphans)
-            big = measure(large, rounds, orphans)
+            meter = CpuMeter()
+            base = measure(small, rounds, orphans, meter)
+            big = measure(large, rounds, orphans, meter)
+            meter.close()
         finally:
             drop()
     rows = [
@@ -175,6 +190,12 @@ def run(backend: str, delivered: int, orphans: int, rounds: int) -> list[str]:
     lines.append(
         f"| {backend} | replaying the history instead (view rebuild) | | | "
         f"{first_applied:,} events | {first_ms:,.0f} | |"
+    )
+    unit = meter.unit
+    lines.append(
+        f"| {backend} | sweep's process CPU, ms (u = {1e6 * unit:.0f} µs) | {orphans} only"
+        f" | {1e3 * base['cpu']:.1f} = {base['cpu'] / unit:.0f} u | +{delivered:,} delivered"
+        f" | {1e3 * big['cpu']:.1f} = {big['cpu'] / unit:.0f} u | {big['cpu'] / base['cpu']:.2f}x |"
     )
     return lines
 

@@ -11,7 +11,8 @@ The sides are opened once, warmed up, then take turns, one short segment each, m
 times over (the order rotates every turn); a noisy machine then slows all of them
 alike. Reported: lifecycles per second, the ratio ours/baseline measured in this run
 (and the middle half of the per-turn ratios), and the CPU time per lifecycle
-(``getrusage``: user + system of this process) of each side.
+(``getrusage``: user + system of this process) of each side, also in reference units
+("u", ``reference.py``, timed in the same run: the figure that travels between machines).
 
     python benchmarks/synchronous.py [--quick] [--segments N] [--per-segment N]
 """
@@ -19,7 +20,6 @@ alike. Reported: lifecycles per second, the ratio ours/baseline measured in this
 from __future__ import annotations
 
 import argparse
-import resource
 import sys
 import tempfile
 import time
@@ -29,16 +29,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from delivery import MutableRowLedger, work
+from reference import CpuMeter, cpu_seconds
 
 from gateway_ledger.bootstrap import DeliveryLedger
 from gateway_ledger.domain.delivery.obligation import compute_obligation_id
 
 Lifecycle = Callable[[int], None]
-
-
-def cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def baseline(path: Path) -> tuple[Lifecycle, Callable[[], None]]:
@@ -80,9 +76,7 @@ def ours(path: Path, *, encrypt: bool) -> tuple[Lifecycle, Callable[[], None]]:
 SIDES = ("base", "ours", "clear")
 
 
-def compare(
-    tmp: Path, per_segment: int, segments: int
-) -> tuple[dict[str, list[float]], dict[str, float]]:
+def compare(tmp: Path, per_segment: int, segments: int) -> tuple[dict[str, list[float]], CpuMeter]:
     """Seconds per segment of each side, and each side's CPU seconds in all."""
     opened = {
         "base": baseline(tmp / "base.db"),
@@ -93,10 +87,11 @@ def compare(
         for n in range(per_segment):
             lifecycle(n)
     times: dict[str, list[float]] = {name: [] for name in SIDES}
-    cpu = dict.fromkeys(SIDES, 0.0)
+    meter = CpuMeter()
     for turn in range(segments):
         first = (turn + 1) * per_segment
         order = SIDES[turn % 3 :] + SIDES[: turn % 3]
+        meter.sample()
         for name in order:
             lifecycle = opened[name][0]
             cpu_before = cpu_seconds()
@@ -104,10 +99,11 @@ def compare(
             for n in range(first, first + per_segment):
                 lifecycle(n)
             times[name].append(time.perf_counter() - started)
-            cpu[name] += cpu_seconds() - cpu_before
+            meter.add(name, cpu_seconds() - cpu_before)
     for _, close in opened.values():
         close()
-    return times, cpu
+    meter.close()
+    return times, meter
 
 
 def main() -> None:
@@ -124,10 +120,9 @@ def main() -> None:
     args = parser.parse_args()
     segments = args.segments or (3 if args.quick else 15)
     tmp = Path(tempfile.mkdtemp(prefix="gateway-ledger-bench-sync-", dir=args.dir))
-    times, cpu = compare(tmp, args.per_segment, segments)
+    times, meter = compare(tmp, args.per_segment, segments)
     n = args.per_segment * segments
     rate = {name: n / sum(t) for name, t in times.items()}
-    cpu_us = {name: 1e6 * c / n for name, c in cpu.items()}
     turns = sorted(b / o for b, o in zip(times["base"], times["ours"], strict=True))
     q = len(turns) // 4
     ratio = rate["ours"] / rate["base"]
@@ -145,9 +140,9 @@ def main() -> None:
         f"| {rate['base']:,.0f}/s | {rate['ours']:,.0f}/s | {ratio:.2f}x"
         f" ({turns[q]:.2f}-{turns[-1 - q]:.2f}) | {rate['clear']:,.0f}/s"
         f" | {rate['clear'] / rate['base']:.2f}x"
-        f" | {cpu_us['base']:.0f} µs, {cpu_us['ours']:.0f} µs, {cpu_us['clear']:.0f} µs |"
+        f" | {meter.cell('base', n)}; {meter.cell('ours', n)}; {meter.cell('clear', n)} |"
     )
-    print(f"target >= 0.5x -> {ratio:.2f}x")
+    print(f"target >= 0.5x -> {ratio:.2f}x; u = {meter.describe()}")
 
 
 if __name__ == "__main__":

@@ -180,6 +180,8 @@ _JSON_SCALARS = (str, int, float, bool, type(None))
 def require_metadata(name: str, value: object) -> dict[str, Any]:
     """A reply's metadata: a mapping that survives a JSON round trip unchanged, at most
     :data:`MAX_METADATA_BYTES` (see there how it is counted)."""
+    if not value and (value is None or type(value) is dict):
+        return {}  # the usual case: none given, nothing to walk or weigh
     if value is not None and not isinstance(value, Mapping):
         raise InvalidInput(f"{name} must be a mapping, not {type(value).__name__}")
     meta = dict(value or {})

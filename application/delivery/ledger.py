@@ -625,3 +625,10 @@ class DeliveryLedger(Application[UUID], ABC):
     def _store(self, obligation: DeliveryObligation) -> None:
         """The obligation's pending events, through the application's one write path."""
         self.sealed_events.append(obligation.collect_events())
+
+    def store_changes(self, obligations: Sequence[DeliveryObligation]) -> None:
+        """The pending events of several obligations in one transaction, through the one
+        write path (not the library's ``save``: no ``Recording`` per event, no protocol
+        checks). The library's ``IntegrityError`` when any of them lost a race: then none
+        of them is stored."""
+        self.sealed_events.append([e for o in obligations for e in o.collect_events()])

@@ -156,6 +156,8 @@ class LedgerPort(Protocol):
 
     def save_transition(self, obligation: DeliveryObligation, transition: str) -> None: ...
 
+    def store_changes(self, obligations: Sequence[DeliveryObligation]) -> None: ...
+
     def change(
         self,
         obligation_id: str,

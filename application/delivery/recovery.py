@@ -145,12 +145,21 @@ class RecoverySweep:
         self.batch_size = max(1, batch_size)
         self.won: list[Claim] = []
         self._alive: dict[OwnerIdentity, bool] = {}
+        self._gone: dict[OwnerIdentity, bool] = {}
 
     def is_alive(self, owner: OwnerIdentity) -> bool:
         alive = self._alive.get(owner)
         if alive is None:
             alive = self._alive[owner] = bool(self.liveness(owner))
         return alive
+
+    def proven_gone(self, owner: OwnerIdentity) -> bool:
+        """The ledger's proof that the owner is gone, asked once per owner and run (a
+        process proven gone stays gone; the orphans of one dead gateway share it)."""
+        gone = self._gone.get(owner)
+        if gone is None:
+            gone = self._gone[owner] = bool(self.ledger.gone_proof(owner))
+        return gone
 
     def run(self) -> tuple[SweepResult, list[Claim]]:
         started = time.perf_counter()
@@ -275,7 +284,7 @@ class RecoverySweep:
                 by=self.me,
                 now=self.now,
                 policy=policy,
-                previous_owner_gone=self.ledger.gone_proof(owner_before),
+                previous_owner_gone=self.proven_gone(owner_before),
             )
         else:
             obligation.abandon(reason=reason, now=self.now, by=self.me, detail=detail)
@@ -285,7 +294,7 @@ class RecoverySweep:
         if not batch:
             return
         try:
-            self.ledger.save(*(d.obligation for d in batch))
+            self.ledger.store_changes([d.obligation for d in batch])
         except (IntegrityError, PersistenceError) as e:
             if len(batch) == 1 and isinstance(e, IntegrityError):
                 self.counts["lost_races"] += 1
@@ -306,7 +315,7 @@ class RecoverySweep:
         if decision is None:
             return
         try:
-            self.ledger.save(decision.obligation)
+            self.ledger.store_changes([decision.obligation])
         except IntegrityError:
             self.counts["lost_races"] += 1
             log.debug("sweep: %s taken by a concurrent sweeper", obligation_id)

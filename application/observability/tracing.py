@@ -18,6 +18,7 @@ import contextlib
 import enum
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
+from contextvars import ContextVar
 from typing import Any
 
 try:  # the optional extra
@@ -86,7 +87,32 @@ def _attributes(attributes: dict[str, Any], obligation: Any = None) -> dict[str,
 
 
 _NO_SPAN: contextlib.nullcontext[None] = contextlib.nullcontext(None)
-"""What ``span`` returns while no tracer provider is set: nothing opened, nothing made."""
+"""What ``span`` returns within an untraced span: nothing opened, nothing made."""
+
+_UNTRACED: ContextVar[bool] = ContextVar("gateway_ledger_untraced", default=False)
+"""Set within a span that found no tracer provider: the spans and trace ids asked for
+inside it (the rest of a reply's path, in its task) do not ask the provider again. Asking
+costs a look-up in ``os.environ`` while none is set, and a reply asked six times."""
+
+
+class _Untraced:
+    """What ``span`` returns while no tracer provider is set: opens nothing, yields None,
+    and marks what runs within as untraced (one decision per reply, not per span)."""
+
+    __slots__ = ("token",)
+
+    def __enter__(self) -> None:
+        self.token = _UNTRACED.set(True)
+
+    def __exit__(self, *exc: object) -> None:
+        _UNTRACED.reset(self.token)
+
+
+def _current_tracer() -> Any:
+    """The tracer, unless an enclosing span already found none."""
+    if _UNTRACED.get():
+        return None
+    return _tracer()
 
 
 def span(name: str, obligation: Any = None, **attributes: Any) -> AbstractContextManager[Any]:
@@ -94,10 +120,13 @@ def span(name: str, obligation: Any = None, **attributes: Any) -> AbstractContex
     caller's; yields it (None when no tracer provider is set). ``obligation``: an
     aggregate whose facts (``span_facts``) it carries, read only when a span is opened.
     An exception leaving it is recorded on it, with its class (never its message: it
-    may quote content)."""
+    may quote content). A provider set while an untraced span is open is used from the
+    next span opened outside it."""
+    if _UNTRACED.get():
+        return _NO_SPAN
     tracer = _tracer()
     if tracer is None:
-        return _NO_SPAN
+        return _Untraced()
     return _opened(tracer, name, _attributes(attributes, obligation))
 
 
@@ -125,10 +154,11 @@ def annotate(opened: Any, **attributes: Any) -> None:
 
 def trace_id() -> str | None:
     """The id of the trace recording now (32 hex), or None."""
-    if _otel is None or _tracer() is None:
+    if _otel is None:
         return None
+    # The current span first (a context variable): with none, no provider is asked.
     context = _otel.get_current_span().get_span_context()
-    if not context.is_valid:
+    if not context.is_valid or _current_tracer() is None:
         return None
     return format(context.trace_id, "032x")
 
@@ -136,7 +166,7 @@ def trace_id() -> str | None:
 def mark(name: str, obligation: Any = None, **attributes: Any) -> None:
     """A span that opens and ends at once: a step already done, such as a claim committed
     in a batch, or a result handed to the writer behind the send."""
-    if _tracer() is not None:
+    if _current_tracer() is not None:
         with span(name, obligation, **attributes):
             pass
 

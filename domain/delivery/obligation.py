@@ -58,9 +58,14 @@ def compute_obligation_id(session_key: str, message_ref: str, content: str) -> s
     return hashlib.sha256(payload.encode("utf-8", "replace")).hexdigest()[:24]
 
 
+_NAMESPACE_BYTES = OBLIGATION_NAMESPACE.bytes
+
+
 def obligation_uuid(obligation_id: str) -> UUID:
-    """The aggregate id of an obligation: uuid5 of its 24-hex obligation id."""
-    return uuid5(OBLIGATION_NAMESPACE, obligation_id)
+    """The aggregate id of an obligation: uuid5 of its 24-hex obligation id (computed as
+    ``uuid.uuid5`` does, with the namespace's bytes taken once)."""
+    digest = hashlib.sha1(_NAMESPACE_BYTES + obligation_id.encode("utf-8"), usedforsecurity=False)
+    return UUID(bytes=digest.digest()[:16], version=5)
 
 
 MAX_OBLIGATION_ID_CHARS = 200
@@ -195,6 +200,16 @@ class DeliveryObligation(Aggregate):
         media: list[MediaItem]
         metadata: dict[str, Any]
         owner: OwnerIdentity
+
+        def mutate(self, aggregate: Any) -> Any:
+            """The obligation this event creates: what the library's creation event does
+            (its base initialiser, then ``apply``) without its generic keyword filtering,
+            twice per obligation built or loaded, for an ``__init__`` that takes nothing."""
+            assert aggregate is None
+            obligation = DeliveryObligation.__new__(DeliveryObligation)
+            obligation.__base_init__(self.originator_id, self.originator_version, self.timestamp)
+            self.apply(obligation)
+            return obligation
 
         def apply(self, obligation: DeliveryObligation) -> None:
             obligation.obligation_id = self.obligation_id
@@ -611,6 +626,7 @@ class DeliveryObligation(Aggregate):
         meta = require_metadata("metadata", metadata)
         return cls._create(
             cls.Recorded,
+            id=cls.create_id(obligation_id),  # the library's ``id``: no keyword filtering
             obligation_id=obligation_id,
             session_key=session_key,
             target=target,

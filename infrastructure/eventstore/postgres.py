@@ -6,16 +6,32 @@ missing, so several installations (or test runs) can share one database.
 
 from __future__ import annotations
 
+import contextlib
 import re
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
 import psycopg
-from eventsourcing.persistence import StoredEvent
+from eventsourcing.persistence import (
+    DatabaseError,
+    DataError,
+    IntegrityError,
+    InterfaceError,
+    InternalError,
+    NotSupportedError,
+    OperationalError,
+    PersistenceError,
+    ProgrammingError,
+    StoredEvent,
+)
 from eventsourcing.postgres import PostgresApplicationRecorder
+from eventsourcing.utils import retry
 from psycopg import sql
+from psycopg.pq import TransactionStatus
+from psycopg.types.composite import register_composite
 
 from gateway_ledger.domain.errors import InvalidInput, NotAStore
 from gateway_ledger.infrastructure.privacy.key_table import KEYS_TABLE, KeyRaceLost, erased_among
@@ -162,18 +178,131 @@ class KeyedPostgresApplicationRecorder(PostgresApplicationRecorder):
         # With the library's database functions the hook below is never called.
         self.stores_keys = not self.datastore.enable_db_functions
         self._keys = sql.Identifier(self.datastore.schema, KEYS_TABLE)
+        # Every statement of a write rendered once: psycopg renders a composed query
+        # (``sql.SQL(...).format(...)``) again on each execute, about a quarter of the
+        # writer thread's CPU in a one-reply commit (docs/performance.md, issue 21). The
+        # stored events' array travels in binary (``%b``): the text form spells each
+        # event's bytes out in hex, in Python, event by event.
+        insert = _rendered(self.insert_events_statement).as_string(None)
+        self.insert_events_statement = sql.Composed(
+            [sql.SQL(insert.replace("unnest(%s", "unnest(%b"))]
+        )
+        self.lock_table_statements = [_rendered(q) for q in self.lock_table_statements]
+        self._conn: psycopg.Connection[Any] | None = None
+        self._registered = 0  # composite types registered on it
+        self._write_lock = threading.Lock()
+        # The group commit's write (``notification_ids=False``) reads no notification ids
+        # back: the same INSERT without its RETURNING, and the same NOTIFY, rendered once.
+        self._insert_unreturned = sql.SQL(
+            insert.replace("unnest(%s", "unnest(%b").removesuffix(" RETURNING notification_id")
+        )
+        self._notify = sql.SQL(
+            sql.SQL("NOTIFY {}").format(sql.Identifier(self.channel_name)).as_string(None)
+        )
+        self._keys_in_use = _rendered(
+            sql.SQL(
+                "SELECT subject_id, key_id FROM {} WHERE subject_id = ANY(%s) FOR KEY SHARE"
+            ).format(self._keys)
+        )
+
+    def insert_events(
+        self, stored_events: Sequence[StoredEvent], **kwargs: Any
+    ) -> Sequence[int] | None:
+        """The library's write, for a caller that wants no notification ids back (the one
+        write path's ``append``): the same statements in the same order in one transaction
+        (key rows, the table's lock, NOTIFY, the INSERT), on a connection of the
+        recorder's own kept open, as the SQLite recorder's writes are, in a plain
+        ``BEGIN`` ... ``COMMIT``; without the pool's check-out and ping, the pipeline and
+        transaction objects, and the INSERT's RETURNING read back into dicts: about 40 %
+        less CPU per commit (docs/performance.md, issue 21). A version already taken
+        raises the library's ``IntegrityError``; a broken connection is dropped and the
+        write retried as the library retries its own. Any other caller (and the
+        library's database functions) gets the library's own write."""
+        if kwargs.get("notification_ids", True) or self.datastore.enable_db_functions:
+            ids: Sequence[int] | None = super().insert_events(stored_events, **kwargs)
+            return ids
+        if stored_events:
+            self._append(stored_events, kwargs)
+        return None
+
+    @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)  # as the library's
+    def _append(self, stored_events: Sequence[StoredEvent], kwargs: dict[str, Any]) -> None:
+        """One attempt of the write (retried on a failed connection, as the library's)."""
+        construct = self.construct_pg_stored_event
+        events = [
+            construct(e.originator_id, e.originator_version, e.topic, e.state)
+            for e in stored_events
+        ]
+        with self._write_lock:
+            try:
+                conn = self._connection()
+                curs = conn.cursor()
+                curs.execute(_BEGIN)
+                try:
+                    self._insert_events(curs, stored_events, **kwargs)
+                    for lock in self.lock_table_statements:
+                        curs.execute(lock, prepare=True)
+                    curs.execute(self._notify)
+                    curs.execute(self._insert_unreturned, (events,))
+                    curs.execute(_COMMIT)
+                except BaseException:
+                    self._roll_back(conn)
+                    raise
+            except psycopg.Error as e:
+                raise self._library_error(e) from e
+
+    def _roll_back(self, conn: psycopg.Connection[Any]) -> None:
+        """End a failed write's transaction; a connection that cannot is dropped."""
+        try:
+            if not conn.closed and conn.info.transaction_status != _IDLE:
+                conn.execute(_ROLLBACK)
+        except psycopg.Error:
+            self._drop_connection()
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        """The write connection, opened as the library's pool opens its connections
+        (same parameters and rows, autocommit, its session settings), with the store's
+        composite types registered."""
+        conn = self._conn
+        if conn is None or conn.closed:
+            pool = self.datastore.pool
+            params = pool.kwargs() if callable(pool.kwargs) else pool.kwargs
+            # The pool's wait for a connection bounds the connect here (libpq: seconds).
+            conn = self._conn = psycopg.Connection.connect(
+                **{"connect_timeout": max(1, round(pool.timeout)), **(params or {})}
+            )
+            self.datastore.after_connect_func()(conn)
+            self._registered = 0
+        adapters = self.datastore.psycopg_type_adapters
+        if self._registered != len(adapters):
+            for info in adapters.values():
+                if not conn.adapters.types.get(info.oid):
+                    register_composite(info, conn)
+            self._registered = len(adapters)
+        return conn
+
+    def _library_error(self, error: psycopg.Error) -> Exception:
+        """The library's error for a psycopg one, as its connections raise them; a
+        connection that failed (operational, interface) is dropped first."""
+        if isinstance(error, psycopg.OperationalError | psycopg.InterfaceError):
+            self._drop_connection()
+        for psycopg_class, library_class in _LIBRARY_ERRORS:
+            if isinstance(error, psycopg_class):
+                return library_class(str(error))
+        return PersistenceError(str(error))
+
+    def _drop_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                conn.close()
 
     def _insert_events(
         self, curs: Any, stored_events: Sequence[StoredEvent], **kwargs: Any
     ) -> None:
         keys: WriteKeys | None = kwargs.get("keys")
         if keys is not None and keys.used:
-            curs.execute(
-                sql.SQL(
-                    "SELECT subject_id, key_id FROM {} WHERE subject_id = ANY(%s) FOR KEY SHARE"
-                ).format(self._keys),
-                (list(keys.used),),
-            )
+            curs.execute(self._keys_in_use, (list(keys.used),))
             erased_among(keys.used, [_pair(row) for row in curs.fetchall()])
         rows = keys.rows if keys is not None else ()
         if rows:
@@ -189,7 +318,35 @@ class KeyedPostgresApplicationRecorder(PostgresApplicationRecorder):
         super()._insert_events(curs, stored_events, **kwargs)
 
     def close(self) -> None:
-        """Nothing of its own to close: its connections are the pool's."""
+        """Close the write connection (the pool's are closed with the application)."""
+        with self._write_lock:
+            self._drop_connection()
+
+
+_BEGIN = sql.SQL("BEGIN")
+_COMMIT = sql.SQL("COMMIT")
+_ROLLBACK = sql.SQL("ROLLBACK")
+_IDLE = TransactionStatus.IDLE
+
+_LIBRARY_ERRORS: tuple[tuple[type[psycopg.Error], type[Exception]], ...] = (
+    (psycopg.InterfaceError, InterfaceError),
+    (psycopg.OperationalError, OperationalError),
+    (psycopg.DataError, DataError),
+    (psycopg.IntegrityError, IntegrityError),
+    (psycopg.InternalError, InternalError),
+    (psycopg.ProgrammingError, ProgrammingError),
+    (psycopg.NotSupportedError, NotSupportedError),
+    (psycopg.DatabaseError, DatabaseError),
+)
+"""psycopg's errors and the library's, in the order its connections translate them."""
+
+
+def _rendered(query: Any) -> Any:
+    """A composed query as one literal ``sql.SQL`` (identifiers quoted now, no
+    connection needed); a query already plain is returned as it is."""
+    if isinstance(query, sql.Composed):
+        return sql.SQL(query.as_string(None))
+    return query
 
 
 def _pair(row: Any) -> tuple[str, str]:

@@ -21,6 +21,8 @@ _TYPE = "_type_"
 _DATA = "_data_"
 _TAG_BYTES = b'"_type_"'
 _MEMO_SIZE = 64
+_DECODED_SIZE = 1024
+"""Frozen values kept decoded (owners, targets): then emptied, refilled as read."""
 _OPTIONS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
 
 
@@ -63,6 +65,8 @@ class OrjsonTranscoder(Transcoder):
         # id -> (value, its tagged encoding), for frozen attrs values: the same owner
         # identity is in nearly every event. Holding the value keeps its id unique.
         self._memo: dict[int, tuple[Any, dict[str, Any]]] = {}
+        # (name, (field, type, value)...) -> the frozen value decoded from those fields.
+        self._decoded: dict[tuple[Any, ...], Any] = {}
         self.register(DatetimeAsISO())
 
     def register(self, transcoding: Transcoding) -> None:
@@ -146,4 +150,19 @@ class OrjsonTranscoder(Transcoder):
         kind = type(data)
         if kind is dict or kind is list:
             data = self._walk(data)
-        return transcoding.decode(data)
+        if kind is not dict or not getattr(transcoding, "frozen", False):
+            return transcoding.decode(data)
+        # A frozen value read again (the same owner is in nearly every event, the same
+        # target in every event of a chat): the value already built, validated once.
+        # The values' types are part of the key (``1 == True``, ``1 == 1.0``).
+        try:
+            key = (transcoding.name, *((k, type(v), v) for k, v in data.items()))
+            value = self._decoded.get(key)
+        except TypeError:  # an unhashable field (a list): built each time
+            return transcoding.decode(data)
+        if value is None:
+            value = transcoding.decode(data)
+            if len(self._decoded) >= _DECODED_SIZE:
+                self._decoded.clear()
+            self._decoded[key] = value
+        return value

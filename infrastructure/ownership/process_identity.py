@@ -16,11 +16,18 @@ from gateway_ledger.domain.values import OwnerIdentity
 _BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 
 
+_boot_id: str | None = None
+
+
 def boot_id() -> str:
-    try:
-        return _BOOT_ID_PATH.read_text().strip()
-    except OSError:
-        return ""
+    """This boot's id, read once per process (it changes only with a reboot)."""
+    global _boot_id
+    if _boot_id is None:
+        try:
+            _boot_id = _BOOT_ID_PATH.read_text().strip()
+        except OSError:
+            _boot_id = ""
+    return _boot_id
 
 
 def process_start_time(pid: int) -> int | None:

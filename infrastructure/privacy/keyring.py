@@ -123,6 +123,10 @@ class KeyRing:
         self._init_lock = threading.Lock()
         self._wrap: AESGCM | None = None
         self._name_key = b""
+        # The keyed digest's HMAC state after the key, copied per name: hashes with the
+        # GIL held (``hmac.digest`` releases it on every call, and a thread waiting on
+        # the GIL then holds the event loop up for a whole switch interval).
+        self._name_hmac: hmac.HMAC | None = None
         self._master_for_derivation: bytes | None = None
         self._names: dict[str, str] = {}  # session key -> subject id (pure function, cached)
         self._on_evict: list[Callable[[str], object]] = []
@@ -179,6 +183,7 @@ class KeyRing:
                 )
             self._wrap = AESGCM(derive(master, "gateway-ledger/wrap-data-keys/v1"))
             self._name_key = derive(master, "gateway-ledger/subject-id/v1")
+            self._name_hmac = hmac.new(self._name_key, digestmod="sha256")
             self._master_for_derivation = master
             self._table = table
 
@@ -213,7 +218,12 @@ class KeyRing:
         cause of a reply names its inbound message so (ADR 0058)."""
         if self._table is None:
             self._setup()
-        return hmac.digest(self._name_key, value.encode("utf-8"), "sha256").hex()[:32]
+        named = self._name_hmac
+        if named is None:  # pragma: no cover - set with the key by ``_setup``
+            return hmac.digest(self._name_key, value.encode("utf-8"), "sha256").hex()[:32]
+        h = named.copy()
+        h.update(value.encode("utf-8"))
+        return h.hexdigest()[:32]
 
     def sealing_key(self, subject_id: str, write: WriteKeys | None = None) -> tuple[str, AESGCM]:
         """The subject's current data key, created on first use.

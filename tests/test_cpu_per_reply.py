@@ -1,0 +1,170 @@
+"""What the CPU-per-reply work (issue 21) relies on, pinned.
+
+- The PostgreSQL recorder's write statements are rendered once, from the library's own
+  public attributes (``insert_events_statement``, ``lock_table_statements``), with the
+  stored events' array sent in binary; events written so read back unchanged.
+- The transcoder builds a frozen value read again only once, and never confuses values
+  that compare equal across types (``1 == True``).
+- The one write path's PostgreSQL write reads no notification ids back, on a connection
+  of the recorder's own, and still refuses a version already taken with the library's
+  ``IntegrityError``.
+- The keyed names of the key ring are the HMAC-SHA256 they always were.
+- The mapper remembers a bounded number of subjects, so a settled reply keeps nothing.
+"""
+
+from __future__ import annotations
+
+import hmac
+import uuid
+from datetime import UTC, datetime
+
+import attrs
+import orjson
+import pytest
+from eventsourcing.persistence import IntegrityError, StoredEvent
+from psycopg import sql
+
+from gateway_ledger.bootstrap import DeliveryLedger
+from gateway_ledger.domain.values import OwnerIdentity
+from gateway_ledger.infrastructure.eventstore.transcoder import AttrsTranscoding, OrjsonTranscoder
+from gateway_ledger.infrastructure.privacy import private_mapper
+
+
+def test_postgres_write_statements_are_rendered_once_and_events_read_back(pg_url: str) -> None:
+    ledger = DeliveryLedger.open(pg_url)
+    try:
+        recorder = ledger.recorder
+        statement = recorder.insert_events_statement
+        assert all(type(part) is sql.SQL for part in statement)  # rendered once
+        assert "unnest(%b::" in statement.as_string(None)  # the events' array in binary
+        assert all(type(q) is sql.SQL for q in recorder.lock_table_statements)
+        assert any("LOCK TABLE" in q.as_string(None) for q in recorder.lock_table_statements)
+        ledger.record_obligation(
+            obligation_id="cpu-1",
+            session_key="agent:main:telegram:dm:1",
+            platform="telegram",
+            chat_id="1",
+            content="bytes that must come back exactly: é \x00 ✓",
+            metadata={"k": [1, 2.5, None, True]},
+        )
+        ledger.mark_attempting("cpu-1")
+        ledger.mark_delivered("cpu-1", ["m-1"])
+    finally:
+        ledger.close()
+    reopened = DeliveryLedger.open(pg_url)
+    try:
+        assert [e.type for e in reopened.history("cpu-1")] == [
+            "Recorded",
+            "Attempting",
+            "Delivered",
+        ]
+        assert reopened.load("cpu-1").content == "bytes that must come back exactly: é \x00 ✓"
+        assert reopened.load("cpu-1").metadata == {"k": [1, 2.5, None, True]}
+    finally:
+        reopened.close()
+
+
+@attrs.frozen
+class _Pair:
+    a: object
+    b: object
+
+
+def test_frozen_values_are_decoded_once_and_types_are_kept_apart() -> None:
+    transcoder = OrjsonTranscoder()
+    transcoder.register(AttrsTranscoding(OwnerIdentity))
+    transcoder.register(AttrsTranscoding(_Pair))
+    owner = OwnerIdentity(host="h", boot_id="b", pid=12, start_time=34)
+    data = transcoder.encode({"by": owner, "at": datetime(2026, 12, 2, tzinfo=UTC)})
+    first, second = transcoder.decode(data)["by"], transcoder.decode(data)["by"]
+    assert first == owner and first is second  # built (and validated) once
+    one = transcoder.decode(orjson.dumps({"_type_": "_Pair", "_data_": {"a": 1, "b": 1.0}}))
+    true = transcoder.decode(orjson.dumps({"_type_": "_Pair", "_data_": {"a": True, "b": 1}}))
+    assert type(one.a) is int and type(one.b) is float
+    assert type(true.a) is bool and type(true.b) is int
+    listed = transcoder.decode(orjson.dumps({"_type_": "_Pair", "_data_": {"a": [1], "b": 2}}))
+    assert listed == _Pair([1], 2)  # unhashable fields: built each time, still right
+
+
+def test_keyed_names_are_hmac_sha256_of_the_value(tmp_path: object) -> None:
+    ledger = DeliveryLedger.open(f"{tmp_path}/ledger.db")
+    try:
+        keyring = ledger.private_mapper.keyring
+        name = keyring.keyed_name("agent:main:telegram:dm:1\0in-1")
+        name_key = keyring.derived_key("gateway-ledger/subject-id/v1")
+        expected = hmac.digest(name_key, b"agent:main:telegram:dm:1\0in-1", "sha256").hex()[:32]
+        assert name == expected
+        assert keyring.keyed_name("x") == keyring.keyed_name("x") != name
+    finally:
+        ledger.close()
+
+
+def test_the_mapper_remembers_a_bounded_number_of_subjects() -> None:
+    assert private_mapper.MAX_REMEMBERED_SUBJECTS <= 10_000
+
+
+def test_recorded_builds_the_same_obligation_as_the_librarys_creation_event() -> None:
+    """``Recorded.mutate`` skips the library's keyword filtering; what it builds must be
+    what the library's own creation path builds from the same event."""
+    from gateway_ledger.domain.delivery.obligation import DeliveryObligation
+    from gateway_ledger.domain.values import DeliveryTarget
+
+    owner = OwnerIdentity(host="h", boot_id="b", pid=12, start_time=34)
+    built = DeliveryObligation.record(
+        obligation_id="cpu-2",
+        session_key="agent:main:telegram:dm:2",
+        target=DeliveryTarget(platform="telegram", chat_id="2"),
+        content="hello",
+        owner=owner,
+        now=datetime(2026, 12, 2, tzinfo=UTC),
+        metadata={"a": 1},
+    )
+    (recorded,) = built.collect_events()
+    ours = recorded.mutate(None)
+    theirs = super(DeliveryObligation.Recorded, recorded).mutate(None)
+    assert type(ours) is type(theirs) is DeliveryObligation
+    assert vars(ours) == vars(theirs)
+    assert (ours.id, ours.version, ours.created_on, ours.modified_on) == (
+        theirs.id,
+        theirs.version,
+        theirs.created_on,
+        theirs.modified_on,
+    )
+
+
+def test_postgres_append_reads_no_ids_back_and_refuses_a_taken_version(pg_url: str) -> None:
+    """The one write path's PostgreSQL write (``notification_ids=False``): the library's
+    statements without the INSERT's RETURNING, in one transaction on the recorder's own
+    connection; a version already taken raises the library's ``IntegrityError`` and
+    stores none of the write's events; a broken connection is replaced; a caller that
+    wants the ids still gets them from the library's own write."""
+    ledger = DeliveryLedger.open(pg_url)
+    try:
+        recorder = ledger.recorder
+        assert "RETURNING" not in recorder._insert_unreturned.as_string(None)
+        assert "RETURNING" in recorder.insert_events_statement.as_string(None)
+        one, two = uuid.uuid4(), uuid.uuid4()
+        assert (
+            recorder.insert_events([StoredEvent(one, 1, "t", b"{}")], notification_ids=False)
+            is None
+        )
+        with pytest.raises(IntegrityError):
+            recorder.insert_events(
+                [StoredEvent(two, 1, "t", b"{}"), StoredEvent(one, 1, "t", b"{}")],
+                notification_ids=False,
+            )
+        assert recorder.select_events(two) == []
+        ids = recorder.insert_events([StoredEvent(two, 1, "t", b"{}")])
+        assert ids is not None and len(ids) == 1
+        assert [e.originator_version for e in recorder.select_events(one)] == [1]
+        # The server ends the write connection: the next write fails on it, drops it,
+        # and is tried again (the library's retry) on a new one, where it lands.
+        pid = recorder._conn.info.backend_pid
+        with recorder.datastore.transaction(commit=True) as curs:
+            curs.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        recorder.insert_events([StoredEvent(one, 2, "t", b"{}")], notification_ids=False)
+        assert recorder._conn.info.backend_pid != pid
+        assert [e.originator_version for e in recorder.select_events(one)] == [1, 2]
+    finally:
+        ledger.close()
+    assert ledger.recorder._conn is None  # closed with the ledger
