@@ -67,6 +67,19 @@ class SqlDialect:
         cursor.execute("SELECT name FROM pragma_table_info(?)", (check_identifier(name),))
         return {str(row["name"]) for row in cursor.fetchall()}
 
+    def create_tables(self, *statements: str) -> None:
+        """Run ``CREATE TABLE IF NOT EXISTS`` statements in one transaction; tried again
+        when two processes create them at once (PostgreSQL may refuse the second)."""
+        for attempt in range(3):
+            try:
+                with self.write_transaction() as c:
+                    for statement in statements:
+                        c.execute(statement)
+                return
+            except Exception:
+                if attempt == 2:
+                    raise
+
     @contextmanager
     def write_transaction(self) -> Iterator[Cursor]:
         raise NotImplementedError

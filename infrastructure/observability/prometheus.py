@@ -11,7 +11,7 @@ stable interface (``METRIC_NAMES``); the README lists them for dashboards.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from prometheus_client.core import (
@@ -22,7 +22,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from gateway_ledger.application.delivery.measures import Buckets
+from gateway_ledger.application.delivery.measures import Buckets, Histogram
 from gateway_ledger.application.delivery.metrics import PREFIX
 from gateway_ledger.application.delivery.operations import LedgerStats
 from gateway_ledger.application.delivery.pacing import PacingStats
@@ -36,6 +36,15 @@ def _buckets(buckets: Buckets) -> list[tuple[str, float]]:
 def _histogram(name: str, text: str, buckets: Buckets, **labels: str) -> HistogramMetricFamily:
     family = HistogramMetricFamily(f"{PREFIX}_{name}", text, labels=list(labels))
     family.add_metric(list(labels.values()), _buckets(buckets), buckets.total)
+    return family
+
+
+def _by_reason(name: str, text: str, histograms: Mapping[str, Histogram]) -> Metric:
+    """One histogram family, a series per reason."""
+    family = HistogramMetricFamily(f"{PREFIX}_{name}", text, labels=["reason"])
+    for reason, histogram in histograms.items():
+        buckets = histogram.read()
+        family.add_metric([reason], _buckets(buckets), buckets.total)
     return family
 
 
@@ -215,22 +224,15 @@ class LedgerCollector(Collector):
             "Replies this gateway sent without a record (the ledger refused or failed).",
             value=stats.untracked,
         )
-        waits = HistogramMetricFamily(
-            f"{PREFIX}_retry_wait_seconds",
+        measures = self.ledger.measures
+        yield _by_reason(
+            "retry_wait_seconds",
             "Seconds scheduled before a runtime retry, by reason (backoff, rate_limit).",
-            labels=["reason"],
+            measures.waits,
         )
-        for reason, histogram in self.ledger.measures.waits.items():
-            buckets = histogram.read()
-            waits.add_metric([reason], _buckets(buckets), buckets.total)
-        yield waits
-        paced = HistogramMetricFamily(
-            f"{PREFIX}_pacing_wait_seconds",
+        yield _by_reason(
+            "pacing_wait_seconds",
             "Seconds a send waited in the pacer, by reason (order, rate, pause; ADR 0059).",
-            labels=["reason"],
+            measures.paced,
         )
-        for reason, histogram in self.ledger.measures.paced.items():
-            buckets = histogram.read()
-            paced.add_metric([reason], _buckets(buckets), buckets.total)
-        yield paced
         yield from pacing_families(stats.pacing)

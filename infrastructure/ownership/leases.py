@@ -173,22 +173,14 @@ class LeaseTable:
     def ensure_table(self) -> None:
         if self._ready:
             return
-        for attempt in range(3):
-            try:
-                with self.dialect.write_transaction() as c:
-                    c.execute(
-                        f"CREATE TABLE IF NOT EXISTS {self.table} ("
-                        "owner_key TEXT PRIMARY KEY, installation_id TEXT NOT NULL, "
-                        "host TEXT NOT NULL, boot_id TEXT NOT NULL, pid BIGINT NOT NULL, "
-                        "start_time BIGINT, acquired_at DOUBLE PRECISION NOT NULL, "
-                        "renewed_at DOUBLE PRECISION NOT NULL, "
-                        "expires_at DOUBLE PRECISION NOT NULL)"
-                    )
-                break
-            except Exception:
-                # PostgreSQL: two processes ran CREATE TABLE IF NOT EXISTS at once.
-                if attempt == 2:
-                    raise
+        self.dialect.create_tables(
+            f"CREATE TABLE IF NOT EXISTS {self.table} ("
+            "owner_key TEXT PRIMARY KEY, installation_id TEXT NOT NULL, "
+            "host TEXT NOT NULL, boot_id TEXT NOT NULL, pid BIGINT NOT NULL, "
+            "start_time BIGINT, acquired_at DOUBLE PRECISION NOT NULL, "
+            "renewed_at DOUBLE PRECISION NOT NULL, "
+            "expires_at DOUBLE PRECISION NOT NULL)"
+        )
         self._ready = True
 
     def _now(self, c: Cursor) -> float:

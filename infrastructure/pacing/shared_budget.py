@@ -46,22 +46,13 @@ class SharedBudget:
     def ensure_tables(self) -> None:
         if self._ready:
             return
-        for attempt in range(3):
-            try:
-                with self.dialect.write_transaction() as c:
-                    c.execute(
-                        f"CREATE TABLE IF NOT EXISTS {self.members} (member TEXT NOT NULL, "
-                        "platform TEXT NOT NULL, expires_at DOUBLE PRECISION NOT NULL, "
-                        "PRIMARY KEY (member, platform))"
-                    )
-                    c.execute(
-                        f"CREATE TABLE IF NOT EXISTS {self.pauses_table} ("
-                        "platform TEXT PRIMARY KEY, until DOUBLE PRECISION NOT NULL)"
-                    )
-                break
-            except Exception:
-                if attempt == 2:  # PostgreSQL: two processes created them at once
-                    raise
+        self.dialect.create_tables(
+            f"CREATE TABLE IF NOT EXISTS {self.members} (member TEXT NOT NULL, "
+            "platform TEXT NOT NULL, expires_at DOUBLE PRECISION NOT NULL, "
+            "PRIMARY KEY (member, platform))",
+            f"CREATE TABLE IF NOT EXISTS {self.pauses_table} ("
+            "platform TEXT PRIMARY KEY, until DOUBLE PRECISION NOT NULL)",
+        )
         self._ready = True
 
     def renew(
