@@ -48,6 +48,9 @@ TargetKey = tuple[str, str, str | None]
 MARGIN = 0.02
 """Windows are kept this much longer than declared: a platform that times the hand-off a
 little differently from us (a clock read apart, its own rounding) still sees the limit."""
+SLACK = 0.02
+"""And this many seconds longer still: between the instant counted and the request
+leaving, the loop's thread may wait for the GIL (a switch interval is 5 ms) or the OS."""
 
 DEFAULT_POLL = 0.25
 """Seconds between two looks at the store while another gateway's reply holds a queue."""
@@ -124,13 +127,13 @@ class Window:
         """The first instant a hand-off fits in the limit (``now`` if it fits now)."""
         if len(self.times) < self.limit.sends:
             return now
-        return max(now, self.times[0] + self.limit.per * (1 + MARGIN))
+        return max(now, self.times[0] + self.limit.per * (1 + MARGIN) + SLACK)
 
     def take(self, now: float) -> None:
         self.times.append(now)
 
     def idle(self, now: float) -> bool:
-        return not self.times or self.times[-1] + self.limit.per * (1 + MARGIN) <= now
+        return not self.times or self.times[-1] + self.limit.per * (1 + MARGIN) + SLACK <= now
 
 
 @attrs.frozen
@@ -268,7 +271,7 @@ class Pacer:
                 return None
             window = self.chat_windows[key] = Window(limit)
             began = self.began
-            if began is not None and self.clock() - began < limit.per * (1 + MARGIN):
+            if began is not None and self.clock() - began < limit.per * (1 + MARGIN) + SLACK:
                 window.times.extend([began] * limit.sends)
         return window
 
