@@ -162,7 +162,14 @@ class PlatformBehaviour:
 
 def open_journal(path: str | Path) -> sqlite3.Connection:
     conn = sqlite3.connect(str(path), timeout=30, isolation_level=None, check_same_thread=False)
-    conn.execute("PRAGMA journal_mode=WAL")
+    for attempt in range(50):  # two processes opening a new journal: one switches it to WAL
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            break
+        except sqlite3.OperationalError:
+            if attempt == 49:
+                raise
+            time.sleep(0.05)
     conn.execute("PRAGMA synchronous=NORMAL")  # survives a killed process, which is the test
     conn.executescript(JOURNAL_SCHEMA)
     conn.executescript(LIMITS_SCHEMA)
