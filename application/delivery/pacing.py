@@ -234,7 +234,12 @@ class Pacer:
         gateways = max(1, gateways)
         if self.shares.get(platform, 1) != gateways:
             self.shares[platform] = gateways
-            self.bot_windows.pop(platform, None)  # rebuilt with this share on next use
+            old = self.bot_windows.pop(platform, None)
+            limit = self.bot_limit(platform)
+            if old is not None and limit is not None:
+                # The new share starts from the hand-offs already made, not from none.
+                window = self.bot_windows[platform] = Window(limit)
+                window.times.extend(old.times)
 
     def shared_platforms(self) -> list[str]:
         """The platforms whose bot limit is shared out between gateways."""
