@@ -95,8 +95,6 @@ class Place:
     key: TargetKey
     recorded_at: datetime
     state: str = ACTIVE
-    waiting_since: float | None = None
-    """Monotonic time this reply began to wait for its turn or hand-off (None: not)."""
 
     @property
     def order(self) -> tuple[datetime, str]:
@@ -562,8 +560,7 @@ class Pacer:
         queues until the store says they are resolved. Returns how many were new."""
         added = 0
         for obligation_id, target, recorded_at in replies:
-            key = target_key(target)
-            if any(p.obligation_id == obligation_id for p in self.queues.get(key, ())):
+            if obligation_id in self.places:
                 continue
             self.enter(obligation_id, target, recorded_at, FOREIGN)
             added += 1
