@@ -324,9 +324,15 @@ class Gateway:
         """A bot-wide pause, told to the store's other gateways (in the background)."""
         if self.budget is None:
             return
-        task = asyncio.get_running_loop().create_task(
-            self.writer.call(self.budget.pause, platform, seconds)
-        )
+        budget = self.budget
+
+        async def tell() -> None:
+            try:
+                await self.writer.call(budget.pause, platform, seconds)
+            except Exception as e:  # the pause still holds this gateway; counted, logged
+                self._courier.fault("-", "budget", e)
+
+        task = asyncio.get_running_loop().create_task(tell())
         self._courier.background.add(task)
         task.add_done_callback(self._courier.background.discard)
 
