@@ -155,6 +155,18 @@ def test_history_shows_every_event_and_a_past_state(sim_dir: Path) -> None:
     human = run("history", oid, db=db).stdout
     assert "Recorded" in human and "when (UTC)" in human
     # The simulated gateways send through Gateway.deliver, which records each send's guard.
+    # A claimed reply may never have been attempted by its first gateway (killed while it
+    # waited its turn in its chat), and a claimer sends without Attempting: the guard is
+    # read from a reply that deliver itself sent.
+    sent = [
+        o
+        for o in run_json("list", "--state", "delivered", "--limit", "1000", db=db)["obligations"]
+        if not o["claims"]
+    ]
+    assert sent, "simulate delivered no reply without a claim"
+    sent_id = sent[0]["obligation_id"]
+    types = [e["type"] for e in run_json("history", sent_id, db=db)["history"]]
+    human = run("history", sent_id, db=db).stdout
     assert "Attempting" in types and "guard=" in human
 
 
