@@ -17,6 +17,7 @@ from gateway_ledger.domain.delivery.obligation import DeliveryObligation
 from gateway_ledger.domain.values import QUARANTINED
 from gateway_ledger.infrastructure.eventstore.sql_dialect import Cursor, SqlDialect
 from gateway_ledger.infrastructure.privacy.private_mapper import ERASED
+from gateway_ledger.infrastructure.views.fold import declared_defaults
 from gateway_ledger.infrastructure.views.sql_view import SqlView
 from gateway_ledger.projections.delivery.obligation_index import (
     INDEX_NAME,
@@ -35,6 +36,7 @@ from gateway_ledger.projections.delivery.obligation_view import (
     KEY,
     STILL_READ_REASON,
     from_micros,
+    still_read,
     to_micros,
 )
 from gateway_ledger.projections.delivery.recoverable import (
@@ -43,6 +45,7 @@ from gateway_ledger.projections.delivery.recoverable import (
     RecoverableProjection,
     RecoverableView,
 )
+from gateway_ledger.projections.rows import Value
 
 DURATION = "(delivered_at - recorded_at)"
 """Record to delivery of an index row, in microseconds (indexed: ``by_delivery_time``)."""
@@ -67,15 +70,29 @@ class SqlObligationView(SqlView):
     key = KEY
     guard = STILL_READ
 
+    def takes_changes(self, read: Callable[[str], Value]) -> bool:
+        return still_read(read("quarantine_reason"))
+
     columns: str
     """The table's column definitions (the quarantine columns are added to them)."""
+    added_columns: Mapping[str, str] = {}
+    """Columns added to tables made before them (name -> type), besides the quarantine's."""
     indexes: Mapping[str, str]
     """Index name suffix -> its columns."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "columns" in cls.__dict__ or "added_columns" in cls.__dict__:
+            cls.column_defaults = declared_defaults(
+                cls.columns, QUARANTINE_COLUMN_TYPES, cls.added_columns
+            )
 
     def create_tables(self, cursor: Cursor, dialect: SqlDialect) -> None:
         quarantine = ", ".join(f"{n} {kind}" for n, kind in QUARANTINE_COLUMN_TYPES.items())
         cursor.execute(f"CREATE TABLE IF NOT EXISTS {self.table} ({self.columns}, {quarantine})")
         dialect.add_missing_columns(cursor, self.name, QUARANTINE_COLUMN_TYPES)
+        if self.added_columns:
+            dialect.add_missing_columns(cursor, self.name, dict(self.added_columns))
         for suffix, columns in self.indexes.items():
             cursor.execute(
                 f"CREATE INDEX IF NOT EXISTS {self.name}_{suffix} ON {self.table} ({columns})"
@@ -171,6 +188,7 @@ class SqlObligationIndex(SqlObligationView, ObligationIndexView):
         "abandon_reason TEXT, "
         "version BIGINT NOT NULL"
     )
+    added_columns = STATUS_COLUMN_TYPES
     indexes = {
         "by_state": "state, recorded_at",
         "by_subject": "subject_id, recorded_at",
@@ -183,10 +201,6 @@ class SqlObligationIndex(SqlObligationView, ObligationIndexView):
 
     def renamed(self, name: str) -> SqlObligationIndex:
         return SqlObligationIndex(self.app, name)
-
-    def create_tables(self, cursor: Cursor, dialect: SqlDialect) -> None:
-        super().create_tables(cursor, dialect)
-        dialect.add_missing_columns(cursor, self.name, STATUS_COLUMN_TYPES)
 
     def prepare(self) -> None:
         """Set the keyring up before the view's transaction: naming a subject from a clear

@@ -23,8 +23,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, Protocol
+from uuid import UUID
 
 import attrs
 from eventsourcing.application import Application
@@ -36,9 +37,20 @@ from gateway_ledger.infrastructure.eventstore.bulk_events import decode_each
 from gateway_ledger.infrastructure.eventstore.sql_dialect import Cursor, SqlDialect, dialect_for
 from gateway_ledger.infrastructure.eventstore.store import is_read_only
 from gateway_ledger.infrastructure.privacy.private_mapper import DECODING_ERRORS, Undecodable
+from gateway_ledger.infrastructure.views.fold import FoldFailed
+from gateway_ledger.projections.rows import RowChange
 from gateway_ledger.projections.view import DEFAULT_BATCH_SIZE, Progress
 
 log = logging.getLogger("gateway_ledger.projections")
+
+
+class RowSink(Protocol):
+    """Where one batch's row changes go (a ``RowWriter``, or a ``RowFold``)."""
+
+    def write(self, cursor: Cursor, change: RowChange) -> None: ...
+
+    def finish(self, cursor: Cursor) -> None:
+        """Write what was held back, before the view's position is written."""
 
 
 class SqlProjection(Protocol):
@@ -56,12 +68,18 @@ class SqlProjection(Protocol):
 
     def create_tables(self, cursor: Cursor, dialect: SqlDialect) -> None: ...
 
-    def apply(self, cursor: Cursor, dialect: SqlDialect, event: Any) -> None:
+    def batch(self, cursor: Cursor, dialect: SqlDialect, keys: Collection[str] | None) -> RowSink:
+        """Where the changes of one batch go, in its transaction: folded in memory for the
+        rows of ``keys`` the store does not have yet (None: nothing folded)."""
+
+    def apply(self, cursor: Cursor, dialect: SqlDialect, event: Any, sink: RowSink) -> None:
         """Change the view for one decoded domain event (ignore what is not yours)."""
 
     def clear(self, cursor: Cursor, dialect: SqlDialect) -> None: ...
 
-    def quarantine(self, cursor: Cursor, dialect: SqlDialect, bad: Undecodable) -> None:
+    def quarantine(
+        self, cursor: Cursor, dialect: SqlDialect, bad: Undecodable, sink: RowSink
+    ) -> None:
         """Record that the aggregate of ``bad`` has an event this view cannot read."""
 
     def prepare(self) -> None:
@@ -87,6 +105,9 @@ class ProjectionRunner:
         # A store opened read-only (a copy, another user's store) is read as it is: the
         # view answers from its tracked position and reports its lag, nothing is written.
         self.read_only = is_read_only(app.env)
+        self.folds = True
+        """Fold each batch's changes to the rows it creates (``fold.py``); False: one
+        statement per change (the reference the fold is tested against)."""
         self._ready = False
 
     # -- tables -----------------------------------------------------------------------------
@@ -229,18 +250,28 @@ class ProjectionRunner:
         events = [(n.id, event) for n, event in zip(ours, decoded, strict=True)]
         last_id = notifications[-1].id
         self.projection.prepare()  # what must not write inside the view's transaction
+        fold = self.folds
         while True:
             try:
-                return self._apply_events(events, last_id)
+                return self._apply_events(events, last_id, fold=fold)
             except _Refused as refused:
                 nid, _ = events[refused.index]
                 events[refused.index] = (nid, refused.bad)
+            except FoldFailed as failed:
+                # Not any one event's fault: the same batch, one statement per change,
+                # where a refusal names its event (fold.py).
+                log.info("projection %s: batch applied unfolded (%s)", self.projection.name, failed)
+                fold = False
 
-    def _apply_events(self, events: list[tuple[int, Any]], last_id: int) -> tuple[int, int]:
+    def _apply_events(
+        self, events: list[tuple[int, Any]], last_id: int, *, fold: bool
+    ) -> tuple[int, int]:
         projection = self.projection
         refused = (*DECODING_ERRORS, *self.dialect.data_errors)
         with self.dialect.write_transaction() as c:
             current = self._read_position(c, lock=True)
+            keys = {_key_of(e) for nid, e in events if nid > current} if fold else None
+            sink = projection.batch(c, self.dialect, keys)
             todo = 0
             for index, (nid, event) in enumerate(events):
                 if nid <= current:
@@ -255,12 +286,13 @@ class ProjectionRunner:
                         event.reason.value,
                         event.detail,
                     )
-                    projection.quarantine(c, self.dialect, event)
+                    projection.quarantine(c, self.dialect, event, sink)
                     continue
                 try:
-                    projection.apply(c, self.dialect, event)
+                    projection.apply(c, self.dialect, event, sink)
                 except refused as e:
                     raise _Refused(index, _refused(event, e)) from e
+            sink.finish(c)
             if last_id > current:
                 c.execute(
                     self.dialect.sql(
@@ -287,6 +319,12 @@ class ProjectionRunner:
         applied = self.catch_up(batch_size=batch_size)
         log.info("projection %s rebuilt from %d events", self.projection.name, applied)
         return applied
+
+
+def _key_of(event: Any) -> str:
+    """The row key of an event's aggregate in a view (its id as 32 hex digits)."""
+    originator_id = event.originator_id
+    return originator_id.hex if isinstance(originator_id, UUID) else str(originator_id)
 
 
 def _refused(event: Any, error: BaseException) -> Undecodable:

@@ -13,15 +13,18 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, ClassVar
 
 from eventsourcing.application import Application
 
 from gateway_ledger.infrastructure.eventstore.sql_dialect import Cursor, SqlDialect
 from gateway_ledger.infrastructure.privacy.private_mapper import Undecodable
-from gateway_ledger.infrastructure.views.runner import ProjectionRunner
+from gateway_ledger.infrastructure.views.fold import RowFold
+from gateway_ledger.infrastructure.views.runner import ProjectionRunner, RowSink
 from gateway_ledger.infrastructure.views.writer import RowWriter
 from gateway_ledger.projections.delivery.catalog import SHADOW_SUFFIX
+from gateway_ledger.projections.rows import Value
 from gateway_ledger.projections.view import (
     DEFAULT_BATCH_SIZE,
     MAX_DIFFERENCES,
@@ -45,6 +48,8 @@ class SqlView(MaterializedView):
 
     key: ClassVar[str]
     guard: ClassVar[str] = ""
+    column_defaults: ClassVar[Mapping[str, Value]] = {}
+    """The table's columns whose default is not NULL (for folding, ``fold.py``)."""
 
     def __init__(self, app: Application[Any], projection: Projection) -> None:
         self.app = app
@@ -62,13 +67,30 @@ class SqlView(MaterializedView):
     def create_tables(self, cursor: Cursor, dialect: SqlDialect) -> None:
         raise NotImplementedError
 
-    def apply(self, cursor: Cursor, dialect: SqlDialect, event: object) -> None:
+    def takes_changes(self, read: Callable[[str], Value]) -> bool:
+        """The ``guard`` over a row held in memory (``read`` gives its columns); a view
+        with a guard says it here too, or its batches are not folded."""
+        return True
+
+    def batch(self, cursor: Cursor, dialect: SqlDialect, keys: Collection[str] | None) -> RowSink:
+        """Where one batch's changes go: folded for the rows of ``keys`` the store does
+        not have yet (``fold.py``), or, with no keys, each as a statement at once."""
+        unguarded = self.guard and type(self).takes_changes is SqlView.takes_changes
+        if keys is None or unguarded:
+            return self.writer
+        fold = RowFold(self.writer, self.takes_changes, self.column_defaults)
+        fold.begin(cursor, keys)
+        return fold
+
+    def apply(self, cursor: Cursor, dialect: SqlDialect, event: object, sink: RowSink) -> None:
         change = self.projection.change(event)
         if change is not None:
-            self.writer.write(cursor, change)
+            sink.write(cursor, change)
 
-    def quarantine(self, cursor: Cursor, dialect: SqlDialect, bad: Undecodable) -> None:
-        self.writer.write(cursor, self.projection.quarantine(bad))
+    def quarantine(
+        self, cursor: Cursor, dialect: SqlDialect, bad: Undecodable, sink: RowSink
+    ) -> None:
+        sink.write(cursor, self.projection.quarantine(bad))
 
     def clear(self, cursor: Cursor, dialect: SqlDialect) -> None:
         cursor.execute(f"DELETE FROM {self.table}")

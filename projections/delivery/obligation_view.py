@@ -40,6 +40,13 @@ STILL_READ_REASON = QuarantineReason.UNREADABLE
 any other reason (an event that did not decode) keeps its quarantine whatever comes after
 (a transition in between is unknown)."""
 
+
+def still_read(quarantine_reason: Value) -> bool:
+    """Does a row whose ``quarantine_reason`` column holds this still take changes? (The
+    rule above, for a row held in memory; the SQL form is the views' guard.)"""
+    return quarantine_reason is None or quarantine_reason == STILL_READ_REASON.value
+
+
 KEY = "aggregate_id"
 """The column every obligation view is keyed by: the aggregate id, as 32 hex digits."""
 
