@@ -127,6 +127,7 @@ from gateway_ledger.infrastructure.sessions.transcoding import build_session_tra
 from gateway_ledger.infrastructure.sessions.transcript_files import JsonlTranscriptFiles
 from gateway_ledger.infrastructure.sessions.whatsapp_aliases import BridgeAliasFiles
 from gateway_ledger.infrastructure.views.delivery import SqlObligationIndex, SqlRecoverableView
+from gateway_ledger.infrastructure.views.sql_view import catch_up_views
 from gateway_ledger.projections.delivery.obligation_index import ObligationIndexView
 from gateway_ledger.projections.delivery.recoverable import RecoverableView
 
@@ -340,8 +341,7 @@ class DeliveryLedger(PrivateEvents, delivery_ledger.DeliveryLedger):
         now = self.clock()
 
         def catch_up() -> None:
-            self.recoverable.catch_up()
-            self.obligation_index.catch_up()
+            catch_up_views([self.recoverable, self.obligation_index])
 
         return prune_resolved(
             self.retention,

@@ -87,11 +87,15 @@ class Follower:
 
     def catch_up(self) -> dict[str, int]:
         """One catch-up of every followed view; a failing view is logged and counted."""
+        together = self.catch_up_together()
         applied: dict[str, int] = {}
         positions = []
         for view in self.views:
             try:
-                applied[view.name] = view.catch_up(batch_size=self.batch_size)
+                if together is None:
+                    applied[view.name] = view.catch_up(batch_size=self.batch_size)
+                else:
+                    applied[view.name] = together[view.name]
                 positions.append(view.position())
             except Exception as e:
                 self.stats.errors += 1
@@ -102,6 +106,11 @@ class Follower:
         if positions:
             self.stats.position = min(positions)
         return applied
+
+    def catch_up_together(self) -> dict[str, int] | None:
+        """Every view caught up at once, sharing what they can (by view name); None: not
+        offered here, or it failed, and each view is caught up on its own."""
+        return None
 
     def run(
         self, *, duration: float | None = None, on_applied: Applied | None = None

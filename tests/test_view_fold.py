@@ -15,6 +15,7 @@ from gateway_ledger.bootstrap import DeliveryLedger
 from gateway_ledger.infrastructure.eventstore.sql_dialect import SqlDialect, dialect_for
 from gateway_ledger.infrastructure.views.delivery import STILL_READ
 from gateway_ledger.infrastructure.views.fold import FoldFailed, RowFold, declared_defaults
+from gateway_ledger.infrastructure.views.sql_view import catch_up_views
 from gateway_ledger.infrastructure.views.writer import RowWriter
 from gateway_ledger.projections.delivery.obligation_view import still_read
 from gateway_ledger.projections.rows import (
@@ -252,5 +253,43 @@ def test_both_views_folded_equal_both_views_by_statement(store_location: str) ->
                     shadow.drop()
                     reference.drop()
             assert view.rebuild_and_verify().equal
+    finally:
+        ledger.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"], indirect=True)
+def test_views_caught_up_together_equal_views_caught_up_alone(store_location: str) -> None:
+    """One read and decode of each batch for both views, from different positions (one
+    view ahead of the other), applies to each exactly what it alone would."""
+    ledger = DeliveryLedger.open(store_location)
+    try:
+        for n in range(30):
+            oid = f"t-{n}"
+            ledger.record_obligation(
+                obligation_id=oid,
+                session_key=f"agent:main:slack:dm:{n % 4}",
+                platform="slack",
+                chat_id=str(n % 4),
+                content=f"reply {n}",
+            )
+            ledger.mark_attempting(oid)
+            if n % 2:
+                ledger.mark_delivered(oid, receipt=["r"])
+            if n == 12:  # the index goes ahead of the recoverable view
+                ledger.obligation_index.catch_up()
+        views = [ledger.recoverable, ledger.obligation_index]
+        alone = [view.renamed(view.name + "_alone") for view in views]
+        try:
+            for view in alone:
+                view.catch_up(batch_size=7)
+            assert ledger.recoverable.position() < ledger.obligation_index.position()
+            applied = catch_up_views(views, batch_size=7)
+            assert applied[0] > applied[1] > 0
+            for view, reference in zip(views, alone, strict=True):
+                assert view.position() == reference.position()
+                assert view.rows() == reference.rows()
+        finally:
+            for view in alone:
+                view.drop()
     finally:
         ledger.close()

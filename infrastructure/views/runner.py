@@ -233,11 +233,18 @@ class ProjectionRunner:
         return applied
 
     def _apply_batch(self, notifications: Sequence[Notification]) -> tuple[int, int]:
-        """Decode outside the lock; apply the part still ahead of the position, atomically.
+        """Decode outside the lock; apply the part still ahead of the position, atomically."""
+        return self.apply_decoded(self.decode(notifications), notifications[-1].id)
 
-        An event that does not decode, or that the projection refuses (raises on it), goes
-        to ``quarantine`` instead; a refusal rolls the batch back and redoes it so.
-        """
+    @property
+    def decoding(self) -> tuple[Any, str, bool]:
+        """What decoding a batch for this view depends on: views alike in it can share
+        one read and one decode of each batch (:func:`catch_up_together`)."""
+        return self.app, self.projection.topic_prefix, self.projection.reads_personal_data
+
+    def decode(self, notifications: Sequence[Notification]) -> list[tuple[int, Any]]:
+        """This view's notifications among ``notifications``, decoded, with their ids (an
+        event that does not decode stands as an ``Undecodable``)."""
         mapper = self.app.mapper
         # On SQLite several applications share one events table: decode only our topics.
         prefix = self.projection.topic_prefix
@@ -247,8 +254,16 @@ class ProjectionRunner:
         ours = [n for n in notifications if n.topic.startswith(prefix)]
         with sealed():
             decoded = decode_each(self.app, ours)
-        events = [(n.id, event) for n, event in zip(ours, decoded, strict=True)]
-        last_id = notifications[-1].id
+        return [(n.id, event) for n, event in zip(ours, decoded, strict=True)]
+
+    def apply_decoded(self, decoded: Sequence[tuple[int, Any]], last_id: int) -> tuple[int, int]:
+        """Apply the decoded events still ahead of the position, and move the position to
+        ``last_id``, atomically; returns how many applied and the position.
+
+        An event that does not decode, or that the projection refuses (raises on it), goes
+        to ``quarantine`` instead; a refusal rolls the batch back and redoes it so.
+        """
+        events = list(decoded)  # refusals are marked in this view's copy only
         self.projection.prepare()  # what must not write inside the view's transaction
         fold = self.folds
         while True:
@@ -319,6 +334,51 @@ class ProjectionRunner:
         applied = self.catch_up(batch_size=batch_size)
         log.info("projection %s rebuilt from %d events", self.projection.name, applied)
         return applied
+
+
+def catch_up_together(
+    runners: Sequence[ProjectionRunner], *, batch_size: int = DEFAULT_BATCH_SIZE
+) -> list[int]:
+    """Catch several views up, reading and decoding each batch of the log once for all of
+    them where they decode alike (one application, topics, decryption): each view still
+    applies its part in a transaction of its own, with its own position. Returns how many
+    events each applied, in the order given."""
+    applied = [0] * len(runners)
+    groups: dict[tuple[int, str, bool], list[int]] = {}
+    for i, runner in enumerate(runners):
+        app, prefix, personal = runner.decoding
+        groups.setdefault((id(app), prefix, personal), []).append(i)
+    for members in groups.values():
+        alike = [runners[i] for i in members]
+        for i, count in zip(members, _together(alike, batch_size), strict=True):
+            applied[i] = count
+    return applied
+
+
+def _together(runners: list[ProjectionRunner], batch_size: int) -> list[int]:
+    if len(runners) == 1 or any(r.read_only for r in runners):
+        return [r.catch_up(batch_size=batch_size) for r in runners]
+    for runner in runners:
+        runner.ensure_tables()
+    positions = [r.position() for r in runners]
+    applied = [0] * len(runners)
+    position = min(positions)
+    recorder = runners[0].app.recorder
+    while True:
+        notifications = recorder.select_notifications(
+            position, batch_size, inclusive_of_start=False
+        )
+        if not notifications:
+            break
+        decoded = runners[0].decode(notifications)
+        position = notifications[-1].id
+        for i, runner in enumerate(runners):
+            if positions[i] < position:
+                count, positions[i] = runner.apply_decoded(decoded, position)
+                applied[i] += count
+        if len(notifications) < batch_size:
+            break
+    return applied
 
 
 def _key_of(event: Any) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, ClassVar
 
 from eventsourcing.application import Application
@@ -21,7 +21,7 @@ from eventsourcing.application import Application
 from gateway_ledger.infrastructure.eventstore.sql_dialect import Cursor, SqlDialect
 from gateway_ledger.infrastructure.privacy.private_mapper import Undecodable
 from gateway_ledger.infrastructure.views.fold import RowFold
-from gateway_ledger.infrastructure.views.runner import ProjectionRunner, RowSink
+from gateway_ledger.infrastructure.views.runner import ProjectionRunner, RowSink, catch_up_together
 from gateway_ledger.infrastructure.views.writer import RowWriter
 from gateway_ledger.projections.delivery.catalog import SHADOW_SUFFIX
 from gateway_ledger.projections.rows import Value
@@ -194,3 +194,21 @@ class SqlView(MaterializedView):
         with self.dialect.write_transaction() as c:
             c.execute(f"DROP TABLE IF EXISTS {self.table}")
             c.execute(f"DROP TABLE IF EXISTS {self.runner.tracking_table}")
+
+
+def catch_up_views(
+    views: Sequence[MaterializedView], *, batch_size: int = DEFAULT_BATCH_SIZE
+) -> list[int]:
+    """Catch views up; views kept in SQL read and decode each batch once between them
+    (``runner.catch_up_together``), any other on its own. How many each applied, in order."""
+    kept = [i for i, view in enumerate(views) if isinstance(view, SqlView)]
+    together = catch_up_together(
+        [view.runner for view in views if isinstance(view, SqlView)], batch_size=batch_size
+    )
+    applied = [0] * len(views)
+    for i, count in zip(kept, together, strict=True):
+        applied[i] = count
+    for i, view in enumerate(views):
+        if not isinstance(view, SqlView):
+            applied[i] = view.catch_up(batch_size=batch_size)
+    return applied
