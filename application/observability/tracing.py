@@ -154,8 +154,8 @@ def annotate(opened: Any, **attributes: Any) -> None:
 
 def trace_id() -> str | None:
     """The id of the trace recording now (32 hex), or None."""
-    if _otel is None:
-        return None
+    if _otel is None or _UNTRACED.get():
+        return None  # within a span that found no provider: nothing records a trace here
     # The current span first (a context variable): with none, no provider is asked.
     context = _otel.get_current_span().get_span_context()
     if not context.is_valid or _current_tracer() is None:
