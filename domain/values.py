@@ -326,7 +326,7 @@ class LedgerPolicy:
     max_retry_after: timedelta = attrs.field(default=timedelta(minutes=15))
     order_wait: timedelta = attrs.field(default=timedelta(minutes=2))
     """How long a reply waits behind an earlier unresolved reply to the same chat before
-    it goes anyway, recording ``OrderReleased`` (ADR 0059)."""
+    it goes anyway, recording ``OrderReleased`` (ADR 0065)."""
 
     def is_stale(self, recorded_at: datetime, now: datetime) -> bool:
         return now - recorded_at >= self.stale_after

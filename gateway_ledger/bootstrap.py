@@ -794,7 +794,7 @@ def retention_status(ledger: DeliveryLedger) -> dict[str, Any]:
 
 
 def pacing_status(ledger: DeliveryLedger) -> dict[str, Any]:
-    """What ``status`` says of pacing (ADR 0059, 0060): replies recorded and not yet
+    """What ``status`` says of pacing (ADR 0065, 0060): replies recorded and not yet
     attempting by platform (waiting for their turn or the budget, or their platform not
     connected) with the oldest's age, the bot pauses in force and the gateways sharing
     each bot's budget. Read-only: a store no gateway paced yet has nothing to show."""

@@ -1,4 +1,4 @@
-"""Per-chat order and one rate budget for every send (issue 18, ADRs 0059 and 0060).
+"""Per-chat order and one rate budget for every send (issue 18, ADRs 0065 and 0060).
 
 Real stores, real time (waits are short), real child processes for the crash and claim.
 """
@@ -280,3 +280,44 @@ def test_order_across_a_crash_and_a_claim(tmp_path: Path) -> None:
     recovered = [json.loads(line) for line in Path(journal).read_text().splitlines()]
     assert [r["text"] for r in recovered] == ["owed 1", "owed 2"]
     assert all(r["at"] < new_at for r in recovered)
+
+
+def test_the_bound_gives_up_only_the_stuck_reply_not_a_live_gateways_behind_it() -> None:
+    """A chat's replies spread over a killed gateway (stuck), another live gateway and
+    this one, in that order: at the bound this reply gives up the stuck one only, then
+    waits for the other gateway's reply until the store says it is resolved, and finds
+    the chat's window full from then (a simulated backlog run found both live gateways
+    released together onto one chat: ADR 0065)."""
+    from datetime import UTC, datetime
+
+    from gateway_ledger.application.delivery.pacing import FOREIGN, Pacer
+    from gateway_ledger.domain.delivery.ordering import OrderRelease
+
+    resolved: set[str] = set()
+
+    async def recheck(ids: list[str]) -> list[str]:
+        return [i for i in ids if i not in resolved]
+
+    async def main() -> None:
+        pacer = Pacer(order_wait=0.3, poll=0.02, recheck=recheck)
+        pacer.add_platform("telegram", RateLimits(per_chat=Limit(1, 0.2)))
+        target = DeliveryTarget(platform="telegram", chat_id="148")
+        t0 = datetime(2026, 1, 1, tzinfo=UTC)
+        pacer.load_foreign(
+            [("stuck", target, t0), ("other-gateway", target, t0 + timedelta(seconds=1))]
+        )
+        mine = pacer.enter("mine", target, t0 + timedelta(seconds=2))
+        started = time.monotonic()
+        waiting = asyncio.create_task(pacer.turn(mine))
+        await asyncio.sleep(0.6)  # the bound (0.3 s) is past for the stuck reply
+        assert not waiting.done()  # still behind the live gateway's reply
+        resolved.add("other-gateway")  # the other gateway delivered it
+        turn = await waiting
+        assert turn.released == (("stuck", OrderRelease.TIMEOUT),)
+        assert time.monotonic() - started >= 0.6
+        assert pacer.places["stuck"].state != FOREIGN
+        # the other gateway just sent to this chat: its window counts as full
+        waited, why = await pacer.hand_off(target)
+        assert why == "rate" and waited > 0.1
+
+    asyncio.run(main())

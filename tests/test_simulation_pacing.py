@@ -1,4 +1,4 @@
-"""The simulator's side of order and pacing (issue 18, ADR 0059).
+"""The simulator's side of order and pacing (issue 18, ADR 0065).
 
 - Its platforms enforce the limits they declare, across processes, through their journal
   files: an unpaced burst is refused and counted, and repeated violations ban the bot;

@@ -156,7 +156,7 @@ class Flight:
     """Its record timed out: the id may have been recorded before, by a gateway that
     delivered the same turn (a restart re-runs it), and then it is not sent again."""
     place: Place | None = None
-    """Its place in its chat's queue (ADR 0059); None: not ordered (untracked)."""
+    """Its place in its chat's queue (ADR 0065); None: not ordered (untracked)."""
     turn_taken: bool = False
     """It has waited for its turn once: retries and later parts do not wait again."""
 
@@ -197,7 +197,7 @@ class Courier:
         self.pacer = Pacer(
             order_wait=ledger.policy.order_wait.total_seconds(), recheck=self._still_unresolved
         )
-        """Per-chat order and the rate budget of every send (ADR 0059)."""
+        """Per-chat order and the rate budget of every send (ADR 0065)."""
         self.on_pause: Any = None
         """Told of a bot-wide ``retry_after`` (platform, seconds), to share it (ADR 0060)."""
 
@@ -225,7 +225,7 @@ class Courier:
         self.deadlines.close()
 
     def add_adapter(self, adapter: PlatformAdapter) -> None:
-        """Its declared limits pace every send through it (ADR 0059)."""
+        """Its declared limits pace every send through it (ADR 0065)."""
         limits = limits_of(adapter)
         if limits.limited:
             self.pacer.add_platform(adapter.platform, limits)
@@ -791,7 +791,7 @@ class Courier:
         return min(max(0.0, wait), self.policy.max_retry_after.total_seconds())
 
     def _pause(self, target: DeliveryTarget, scope: str, retry_after: float | None) -> None:
-        """A platform's 429 holds every sender of its scope, not just this reply (ADR 0059);
+        """A platform's 429 holds every sender of its scope, not just this reply (ADR 0065);
         a bot-wide one is shared with the store's other gateways (ADR 0060)."""
         seconds = self._rate_limit_wait(retry_after)
         self.pacer.pause(target, scope, seconds)

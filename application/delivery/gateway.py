@@ -101,7 +101,7 @@ class GatewayStats:
     failed_after_acceptance: int = 0
     pacing: PacingStats | None = None
     """Replies waiting for their turn or the rate budget by platform, the oldest wait,
-    the pauses in force (ADR 0059)."""
+    the pauses in force (ADR 0065)."""
 
 
 class Gateway:
@@ -228,7 +228,7 @@ class Gateway:
             quarantined = swept.quarantined
             if swept.quarantined or swept.errors:
                 recovery = RECOVERY_PARTIAL
-        # Every claim takes its place in its chat's queue before any is sent (ADR 0059).
+        # Every claim takes its place in its chat's queue before any is sent (ADR 0065).
         prepared = await asyncio.gather(
             *(self._courier.prepare_recovery(item, epoch) for item in claimed)
         )
@@ -338,7 +338,7 @@ class Gateway:
 
     async def _load_others_replies(self, platforms: frozenset[str]) -> None:
         """Replies other gateways of the store still owe hold their chats' queues here
-        too, until the store says they are resolved (ADR 0059)."""
+        too, until the store says they are resolved (ADR 0065)."""
         try:
             others = await self.writer.call(self.ledger.others_unresolved, platforms)
         except Exception as e:

@@ -436,7 +436,7 @@ class DeliveryLedger(Application[UUID], ABC):
         self, platforms: Collection[str]
     ) -> list[tuple[str, DeliveryTarget, datetime]]:
         """The replies other owners still owe on these platforms (id, target, recorded
-        at), for per-chat order (ADR 0059): found in the recoverable view (caught up
+        at), for per-chat order (ADR 0065): found in the recoverable view (caught up
         first), each read from its events, since the view holds no target."""
         view = self.recoverable
         view.catch_up()

@@ -63,7 +63,7 @@ class Histogram:
 class Measures:
     """A process's own histograms: waits before a runtime retry by why (``backoff`` or
     ``rate_limit``: the platform's pacing), waits of the pacer by why (``order``,
-    ``rate``, ``pause``: ADR 0059), and recovery sweep durations."""
+    ``rate``, ``pause``: ADR 0065), and recovery sweep durations."""
 
     WAIT_REASONS = ("backoff", "rate_limit")
     PACING_REASONS = ("order", "rate", "pause")

@@ -1,4 +1,4 @@
-"""Per-chat order and one rate budget per platform and chat (ADR 0059, 0060).
+"""Per-chat order and one rate budget per platform and chat (ADR 0065, 0060).
 
 Every send of a gateway, live, retried or recovered, passes through one :class:`Pacer`
 on the event loop:
@@ -483,7 +483,12 @@ class Pacer:
     async def turn(self, place: Place) -> Turn:
         """Wait until nothing earlier holds this reply's queue: at most ``order_wait`` for
         any one reply ahead that stays unresolved (the bound counts again each time the
-        queue moves), so a long queue that drains is waited out, a stuck reply is not."""
+        queue moves), so a long queue that drains is waited out, a stuck reply is not.
+
+        At the bound only the oldest reply still holding is given up, and the bound counts
+        again for the next: a reply behind it may be another live gateway's, about to go,
+        and given up at once with the stuck one, two gateways would send to the chat side
+        by side, each within its own window and together over the chat's limit."""
         if len(self.queues.get(place.key, ())) <= 1 or not self.ahead(place):
             return NO_WAIT
         started = self.clock()
@@ -499,12 +504,12 @@ class Pacer:
                     # One ahead was settled: the queue moves. The bound is on a reply that
                     # stays stuck, so it counts again from here for the next one.
                     held_by, deadline = len(holding), now + self.order_wait
-                if not holding or now >= deadline:
-                    for p in holding:
-                        p.state = OVERTAKEN  # later replies no longer wait for it either
-                    if holding:
-                        self._wake(place.key)
+                if not holding:
                     break
+                if now >= deadline:
+                    holding[0].state = OVERTAKEN  # later replies no longer wait for it either
+                    self._wake(place.key)
+                    continue  # the queue moved: the bound counts again for the next
                 self.waiting.setdefault(token, (place.key[0], started))
                 foreign = [p for p in holding if p.state == FOREIGN]
                 timeout = deadline - now
@@ -556,7 +561,7 @@ class Pacer:
         window.times.extend([self.clock()] * limit.sends)
 
     def load_foreign(self, replies: Iterable[tuple[str, DeliveryTarget, datetime]]) -> int:
-        """Earlier replies other gateways of the store owe (ADR 0059): they hold their
+        """Earlier replies other gateways of the store owe (ADR 0065): they hold their
         queues until the store says they are resolved. Returns how many were new."""
         added = 0
         for obligation_id, target, recorded_at in replies:

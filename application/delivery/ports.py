@@ -78,7 +78,7 @@ class PlatformAdapter(Protocol):
 
     An adapter may also declare ``rate_limits`` (a ``RateLimits``; ``rate_limits.py`` has
     presets): every send through it, live, retried or recovered, is then paced by them
-    (ADR 0059). None declared: nothing is paced.
+    (ADR 0065). None declared: nothing is paced.
     """
 
     platform: str

@@ -1,4 +1,4 @@
-"""What a platform allows: the rate limits an adapter declares (ADR 0059).
+"""What a platform allows: the rate limits an adapter declares (ADR 0065).
 
 An adapter declares them as ``rate_limits`` (a :class:`RateLimits`); the pacer
 (``pacing.py``) applies them to every send of the gateway, live, retried or recovered.

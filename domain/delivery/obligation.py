@@ -160,9 +160,9 @@ class DeliveryObligation(Aggregate):
     stray_send_possible: bool
     """A claim took it from an owner only presumed gone, whose send may still land."""
     paced_seconds: float
-    """How long its sends waited for order and for the rate budget (ADR 0059)."""
+    """How long its sends waited for order and for the rate budget (ADR 0065)."""
     released_behind: list[str]
-    """The earlier replies to its chat it went before, order given up (ADR 0059)."""
+    """The earlier replies to its chat it went before, order given up (ADR 0065)."""
 
     # -- events -----------------------------------------------------------------------------
     #
@@ -371,7 +371,7 @@ class DeliveryObligation(Aggregate):
     class Waited(Event):
         """Its send waited ``seconds``, and why (a :class:`WaitReason`): behind an earlier
         reply to the same chat, for the rate budget, or out a pause the platform asked
-        for (ADR 0059). A fact for the history and the pacing figures: it changes no
+        for (ADR 0065). A fact for the history and the pacing figures: it changes no
         state a send depends on."""
 
         by: OwnerIdentity
@@ -384,7 +384,7 @@ class DeliveryObligation(Aggregate):
     class OrderReleased(Event):
         """It went to its chat before ``behind``, an earlier reply to the same chat that
         was still unresolved: order was given up, and why (an :class:`OrderRelease`),
-        after ``waited`` seconds (ADR 0059). Recorded before the send it allows, so no
+        after ``waited`` seconds (ADR 0065). Recorded before the send it allows, so no
         reply ever overtakes another without a trace."""
 
         by: OwnerIdentity

@@ -1,4 +1,4 @@
-"""Per-chat order and pacing, as the domain records them (ADR 0059).
+"""Per-chat order and pacing, as the domain records them (ADR 0065).
 
 Replies to one delivery target go to it in the order they were recorded. When a send
 waits, its obligation records ``Waited`` with one of :class:`WaitReason`; when a reply

@@ -7,7 +7,7 @@ report is counted from the ledger and from what the platforms actually received.
 
 Simulated platforms declare rate limits and enforce them (one bans the bot after
 repeated violations); the report counts replies users got out of order, the violations,
-the bans and the delay pacing added (ADR 0059). ``--backlog N`` first has a gateway
+the bans and the delay pacing added (ADR 0065). ``--backlog N`` first has a gateway
 record N replies unsent and killed, so the workers' boot sweeps recover them at once.
 
 ``--faults`` adds a poisoned store, erasures mid-run and, on PostgreSQL, a gateway paused
@@ -183,7 +183,7 @@ def fault_rows(f: FaultReport) -> list[tuple[str, object]]:
 
 
 def order_rows(report: Report) -> list[tuple[str, object]]:
-    """Order and pacing (ADR 0059): what users saw, what the platforms refused."""
+    """Order and pacing (ADR 0065): what users saw, what the platforms refused."""
     released = ", ".join(f"{k} {v}" for k, v in report.order_released_by_reason.items())
     waited = ", ".join(f"{k} {v} s" for k, v in report.waited_seconds.items()) or "none"
     ids = f" ({', '.join(report.out_of_order_ids)})" if report.out_of_order else ""

@@ -1,6 +1,6 @@
 """What a simulated platform allows, and what it does to a gateway that sends beyond it.
 
-A simulated platform declares its limits (``RateLimits``, ADR 0059) to the gateway, as a
+A simulated platform declares its limits (``RateLimits``, ADR 0065) to the gateway, as a
 real adapter does, and enforces them at the very start of ``send``: each hand-off is
 checked against every hand-off the platform took in its journal, from any gateway process
 of the run, in one write transaction (so the check is cross-process, as the real

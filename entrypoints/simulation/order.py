@@ -1,4 +1,4 @@
-"""Order and pacing as users and the ledger saw them (``simulate``'s report, ADR 0059).
+"""Order and pacing as users and the ledger saw them (``simulate``'s report, ADR 0065).
 
 **Out of order**: each chat's journal is walked in arrival order (``seq``). A reply X
 counts when the first copy of one of its parts arrives after any message of a reply Y

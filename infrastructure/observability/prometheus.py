@@ -151,7 +151,7 @@ def retention_metrics(figures: dict[str, Any]) -> Iterator[Metric]:
 
 
 def pacing_families(pacing: PacingStats | None) -> Iterator[Metric]:
-    """This gateway's pacer now (ADR 0059): replies waiting, the oldest wait, pauses."""
+    """This gateway's pacer now (ADR 0065): replies waiting, the oldest wait, pauses."""
     if pacing is None:
         return
     waiting = GaugeMetricFamily(
@@ -232,7 +232,7 @@ class LedgerCollector(Collector):
         )
         yield _by_reason(
             "pacing_wait_seconds",
-            "Seconds a send waited in the pacer, by reason (order, rate, pause; ADR 0059).",
+            "Seconds a send waited in the pacer, by reason (order, rate, pause; ADR 0065).",
             measures.paced,
         )
         yield from pacing_families(stats.pacing)
