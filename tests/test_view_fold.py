@@ -60,6 +60,17 @@ def rows(dialect: SqlDialect, name: str) -> list[dict[str, Any]]:
         return [dict(row) for row in c.fetchall()]
 
 
+def record(ledger: DeliveryLedger, oid: str, platform: str = "telegram", *, chat: int) -> None:
+    """One reply to chat ``chat`` of ``platform``, recorded."""
+    ledger.record_obligation(
+        obligation_id=oid,
+        session_key=f"agent:main:{platform}:dm:{chat}",
+        platform=platform,
+        chat_id=str(chat),
+        content=f"reply {oid}",
+    )
+
+
 small = st.integers(min_value=-3, max_value=3)
 bit = st.sampled_from([0, 1, None])
 text = st.sampled_from(["x", "y", ""])
@@ -168,13 +179,7 @@ def test_a_refused_folded_write_is_redone_unfolded_and_blames_its_event(tmp_path
             c.execute(f"CREATE TABLE {index.table} ({columns})")
         for n in range(3):
             oid = f"fold-{n}"
-            ledger.record_obligation(
-                obligation_id=oid,
-                session_key=f"agent:main:telegram:dm:{n}",
-                platform="telegram",
-                chat_id=str(n),
-                content=f"reply {n}",
-            )
+            record(ledger, oid, "telegram", chat=n)
             ledger.mark_attempting(oid)
             if n == 1:  # a second send: the index may not hold two (its CHECK)
                 ledger.mark_failed(oid, "timeout", classification="ambiguous")
@@ -203,20 +208,14 @@ def test_a_fold_that_cannot_read_the_rows_fails_as_a_whole(tmp_path: Any) -> Non
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"], indirect=True)
 def test_both_views_folded_equal_both_views_by_statement(store_location: str) -> None:
-    """Real histories: delivered at once, failed and retried, claimed by a sweep,
-    abandoned, claimed by a sweep and delivered; views caught up folded in batches of several
-    sizes equal a replay one statement per change."""
+    """Real histories: delivered at once, failed and retried, abandoned, left pending
+    and then claimed by a sweep (half of those delivered); views caught up folded, in
+    batches of several sizes, equal a replay one statement per change."""
     ledger = DeliveryLedger.open(store_location, owner=dead_owner())
     try:
         for n in range(40):
             oid = f"h-{n}"
-            ledger.record_obligation(
-                obligation_id=oid,
-                session_key=f"agent:main:telegram:dm:{n % 7}",
-                platform="telegram",
-                chat_id=str(n % 7),
-                content=f"reply {n}",
-            )
+            record(ledger, oid, "telegram", chat=n % 7)
             if n % 5 == 4:
                 continue  # left pending, for the sweep
             ledger.mark_attempting(oid)
@@ -265,13 +264,7 @@ def test_views_caught_up_together_equal_views_caught_up_alone(store_location: st
     try:
         for n in range(30):
             oid = f"t-{n}"
-            ledger.record_obligation(
-                obligation_id=oid,
-                session_key=f"agent:main:slack:dm:{n % 4}",
-                platform="slack",
-                chat_id=str(n % 4),
-                content=f"reply {n}",
-            )
+            record(ledger, oid, "slack", chat=n % 4)
             ledger.mark_attempting(oid)
             if n % 2:
                 ledger.mark_delivered(oid, receipt=["r"])
