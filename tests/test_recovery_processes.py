@@ -164,8 +164,8 @@ def test_sweep_killed_before_its_view_update_leaves_a_view_the_next_sweep_repair
         view.catch_up()
         applied = []
         real_apply = view.apply
-        def apply_then_die(cursor, dialect, event):
-            real_apply(cursor, dialect, event)
+        def apply_then_die(cursor, dialect, event, sink):
+            real_apply(cursor, dialect, event, sink)
             applied.append(event)
             if len(applied) == 5:
                 os.kill(os.getpid(), signal.SIGKILL)
