@@ -104,10 +104,21 @@ def require_postgres_store(url: str) -> None:
 
 
 def ensure_schema(params: dict[str, str]) -> None:
+    """Create the store's schema unless it exists. Two processes opening a new store at
+    once may both find it missing: PostgreSQL's ``IF NOT EXISTS`` then lets one of them
+    fail on the catalog's unique name, which only means the other created it."""
     with connect(params) as conn:
-        conn.execute(
-            sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(params["schema"]))
-        )
+        try:
+            conn.execute(
+                sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(params["schema"]))
+            )
+        except psycopg.errors.UniqueViolation:
+            conn.rollback()
+            found = conn.execute(
+                "SELECT 1 FROM pg_namespace WHERE nspname = %s", (params["schema"],)
+            ).fetchone()
+            if found is None:
+                raise
 
 
 _CREATION_LOCK = 0x6761_7465  # "gate": one advisory lock id for all table creation
