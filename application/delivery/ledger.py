@@ -454,9 +454,12 @@ class DeliveryLedger(Application[UUID], ABC):
 
     def unresolved_among(self, obligation_ids: Sequence[str]) -> set[str]:
         """Which of these obligations are still owed, read from their events (one that
-        cannot be read is never sent, so it owes nothing to anyone's order)."""
+        cannot be read is never sent, so it owes nothing to anyone's order). Asked every
+        ``poll`` while another gateway's reply holds a queue: only states are read, so
+        the events are rebuilt with their sealed fields left sealed (no key, no text)."""
         by_id = {self._uuid(o): o for o in obligation_ids}
-        loaded = self.load_each(list(by_id))
+        with self.private_mapper.sealed():
+            loaded = self.load_each(list(by_id))
         return {
             by_id[aid]
             for aid, obligation in loaded.aggregates.items()
