@@ -52,6 +52,13 @@ SLACK = 0.02
 """And this many seconds longer still: between the instant counted and the request
 leaving, the loop's thread may wait for the GIL (a switch interval is 5 ms) or the OS."""
 
+
+def kept_for(limit: Limit) -> float:
+    """How long a hand-off counts in its window: the declared window, kept longer by
+    ``MARGIN`` and ``SLACK``."""
+    return limit.per * (1 + MARGIN) + SLACK
+
+
 DEFAULT_POLL = 0.25
 """Seconds between two looks at the store while another gateway's reply holds a queue."""
 
@@ -125,13 +132,13 @@ class Window:
         """The first instant a hand-off fits in the limit (``now`` if it fits now)."""
         if len(self.times) < self.limit.sends:
             return now
-        return max(now, self.times[0] + self.limit.per * (1 + MARGIN) + SLACK)
+        return max(now, self.times[0] + kept_for(self.limit))
 
     def take(self, now: float) -> None:
         self.times.append(now)
 
     def idle(self, now: float) -> bool:
-        return not self.times or self.times[-1] + self.limit.per * (1 + MARGIN) + SLACK <= now
+        return not self.times or self.times[-1] + kept_for(self.limit) <= now
 
 
 @attrs.frozen
@@ -274,18 +281,18 @@ class Pacer:
                 return None
             window = self.chat_windows[key] = Window(limit)
             began = self.began
-            if began is not None and self.clock() - began < limit.per * (1 + MARGIN) + SLACK:
+            if began is not None and self.clock() - began < kept_for(limit):
                 window.times.extend([began] * limit.sends)
         return window
 
     def pause(self, target: DeliveryTarget, scope: str, seconds: float) -> None:
         """The platform said ``retry_after``: nothing more goes to that scope (the chat,
         or the whole bot) from any sender of this gateway until it is over."""
-        until = self.clock() + max(0.0, seconds)
         if scope == BOT:
-            self.bot_pauses[target.platform] = max(until, self.bot_pauses.get(target.platform, 0))
+            self.pause_bot(target.platform, seconds)
         else:
             key = target_key(target)
+            until = self.clock() + max(0.0, seconds)
             self.chat_pauses[key] = max(until, self.chat_pauses.get(key, 0))
 
     def resume(self, target: DeliveryTarget) -> None:
@@ -295,7 +302,8 @@ class Pacer:
         self.bot_pauses.pop(target.platform, None)
 
     def pause_bot(self, platform: str, seconds: float) -> None:
-        """A pause another gateway of the store was told of (ADR 0060)."""
+        """Nothing goes to the platform's bot for ``seconds``: a 429 for the whole bot,
+        this gateway's or one another gateway of the store was told of (ADR 0060)."""
         until = self.clock() + max(0.0, seconds)
         self.bot_pauses[platform] = max(until, self.bot_pauses.get(platform, 0))
 
