@@ -88,7 +88,7 @@ class RowFold:
         self._rows: dict[str, Row | None] = {}
         """Keys folded here: their row as it now stands (None: no row)."""
         self.folded = 0
-        """Changes applied in memory in this batch (for tests and benchmarks)."""
+        """Changes applied in memory in this batch (what the tests check was folded)."""
 
     # -- the batch ----------------------------------------------------------------------------
 

@@ -201,14 +201,11 @@ def catch_up_views(
 ) -> list[int]:
     """Catch views up; views kept in SQL read and decode each batch once between them
     (``runner.catch_up_together``), any other on its own. How many each applied, in order."""
-    kept = [i for i, view in enumerate(views) if isinstance(view, SqlView)]
-    together = catch_up_together(
-        [view.runner for view in views if isinstance(view, SqlView)], batch_size=batch_size
+    in_sql = {i: view.runner for i, view in enumerate(views) if isinstance(view, SqlView)}
+    together = dict(
+        zip(in_sql, catch_up_together(list(in_sql.values()), batch_size=batch_size), strict=True)
     )
-    applied = [0] * len(views)
-    for i, count in zip(kept, together, strict=True):
-        applied[i] = count
-    for i, view in enumerate(views):
-        if not isinstance(view, SqlView):
-            applied[i] = view.catch_up(batch_size=batch_size)
-    return applied
+    return [
+        together[i] if i in together else view.catch_up(batch_size=batch_size)
+        for i, view in enumerate(views)
+    ]
