@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -52,6 +53,22 @@ async def send(platform: SimulatedPlatform, chat: str, text: str, reply_to: str)
         metadata={},
         idempotency_key=None,
     )
+
+
+def sent_through(name: str, journal: Path, seed: int, sends: list[tuple[str, str, str]]) -> None:
+    """Each (chat, text, reply_to) sent in turn through a simulated platform whose
+    journal is ``journal``."""
+
+    async def run() -> None:
+        platform = SimulatedPlatform(name, journal, PlatformBehaviour(), seed=seed)
+        await platform.connect()
+        try:
+            for chat, text, reply_to in sends:
+                await send(platform, chat, text, reply_to)
+        finally:
+            platform.close()
+
+    asyncio.run(run())
 
 
 LIMITED = PlatformBehaviour(
@@ -197,18 +214,16 @@ def test_an_overtake_counts_unless_the_history_records_its_release(
         ledger.close()
 
     journal = tmp_path / "telegram.db"
-
-    async def deliver_later_first() -> None:
-        platform = SimulatedPlatform("telegram", journal, PlatformBehaviour(), seed=4)
-        await platform.connect()
-        try:
-            await send(platform, "chat-1", "[c1 t1] the later reply", "in-1-1")
-            await send(platform, "chat-1", "[c1 t0] the earlier reply", "in-1-0")
-            await send(platform, "chat-2", "[c2 t0] another chat", "in-2-0")
-        finally:
-            platform.close()
-
-    asyncio.run(deliver_later_first())
+    sent_through(  # the later reply first
+        "telegram",
+        journal,
+        4,
+        [
+            ("chat-1", "[c1 t1] the later reply", "in-1-1"),
+            ("chat-1", "[c1 t0] the earlier reply", "in-1-0"),
+            ("chat-2", "[c2 t0] another chat", "in-2-0"),
+        ],
+    )
     arrivals = read_arrivals(journal)
     assert tally.overtaken(arrivals) == ([] if released else ["in-1-0"])
     assert tally.order_released == int(released)
@@ -222,20 +237,16 @@ def test_a_copy_the_platform_dropped_counts_where_it_was_taken(tmp_path: Path) -
     """X taken, then dropped by the platform; Y sent; X sent again: the gateway kept
     order (X's first copy went first), the user saw X after Y."""
     journal = tmp_path / "whatsapp.db"
-
-    async def drop_then_resend() -> None:
-        platform = SimulatedPlatform("whatsapp", journal, PlatformBehaviour(), seed=5)
-        await platform.connect()
-        try:
-            await send(platform, "chat-1", "[c1 t0] x", "in-1-0")
-            await send(platform, "chat-1", "[c1 t1] y", "in-1-1")
-            await send(platform, "chat-1", "[c1 t0] x", "in-1-0")
-        finally:
-            platform.close()
-
-    asyncio.run(drop_then_resend())
-    import sqlite3
-
+    sent_through(
+        "whatsapp",
+        journal,
+        5,
+        [
+            ("chat-1", "[c1 t0] x", "in-1-0"),
+            ("chat-1", "[c1 t1] y", "in-1-1"),
+            ("chat-1", "[c1 t0] x", "in-1-0"),
+        ],
+    )
     with sqlite3.connect(journal) as conn:
         conn.execute("UPDATE received SET failed = 1 WHERE seq = 1")
     tally = OrderTally(inbound_of={})
