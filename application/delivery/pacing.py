@@ -475,10 +475,6 @@ class Pacer:
         queue = self.queues.get(place.key, ())
         return [p for p in queue if p is not place and p.order < place.order]
 
-    def holds(self, place: Place) -> bool:
-        """Does anything ahead hold this reply back now?"""
-        return any(p.state in (ACTIVE, FOREIGN) for p in self.ahead(place))
-
     def would_wait(self, place: Place, target: DeliveryTarget) -> bool:
         """Would this reply wait (its turn, or its hand-off) if it went now?"""
         if len(self.queues.get(place.key, ())) > 1 and self.ahead(place):

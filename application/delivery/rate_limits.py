@@ -25,7 +25,6 @@ BOT = "bot"
 """The scope of a whole platform account: every chat's sends count in it."""
 CHAT = "chat"
 """The scope of one chat (platform, chat id, thread)."""
-SCOPES = (BOT, CHAT)
 
 
 def _positive_int(_: object, attribute: attrs.Attribute[int], value: int) -> None:
