@@ -321,3 +321,27 @@ def test_the_bound_gives_up_only_the_stuck_reply_not_a_live_gateways_behind_it()
         assert why == "rate" and waited > 0.1
 
     asyncio.run(main())
+
+
+def test_a_chats_window_counts_a_send_from_when_it_came_back() -> None:
+    """The platform has a send by the time it answers: the next send to the chat waits
+    a window from then, however long the first was held between the count and the
+    platform (a busy CPU: a CI run of ``simulate`` beside ten read commands)."""
+    from gateway_ledger.application.delivery.pacing import Pacer
+
+    async def main() -> None:
+        pacer = Pacer(order_wait=60.0)
+        pacer.add_platform("slack", RateLimits(per_chat=Limit(1, 0.2)))
+        chat = DeliveryTarget(platform="slack", chat_id="C1")
+        await pacer.hand_off(chat)
+        await asyncio.sleep(0.15)  # held before it reached the platform, then answered
+        pacer.answered(chat)
+        answered_at = time.monotonic()
+        waited, why = await pacer.hand_off(chat)
+        assert why == "rate" and waited > 0.15  # a window from the answer, not from the count
+        assert time.monotonic() - answered_at >= 0.2
+        # another chat's window is its own
+        other = DeliveryTarget(platform="slack", chat_id="C2")
+        assert await pacer.hand_off(other) == (0.0, "")
+
+    asyncio.run(main())

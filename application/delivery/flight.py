@@ -719,6 +719,8 @@ class Courier:
         except Exception as e:
             # Raised after the request may have left (timeout, reset): it may have arrived.
             return SendResult.failed(ErrorClass.AMBIGUOUS, type(e).__name__)
+        finally:
+            self.pacer.answered(target)
         if not isinstance(result, SendResult):
             return SendResult.failed(ErrorClass.AMBIGUOUS, "adapter returned no SendResult")
         return result
@@ -1037,14 +1039,17 @@ class Courier:
             reply_to=inbound_message_id,
         )
         await self.pacer.hand_off(target)  # unrecorded, yet within the platform's budget
-        result = await adapter.send(
-            target,
-            reply.content,
-            reply_to=inbound_message_id,
-            media=reply.media,
-            metadata=reply.metadata,
-            idempotency_key=None,
-        )
+        try:
+            result = await adapter.send(
+                target,
+                reply.content,
+                reply_to=inbound_message_id,
+                media=reply.media,
+                metadata=reply.metadata,
+                idempotency_key=None,
+            )
+        finally:
+            self.pacer.answered(target)
         return DeliveryOutcome(
             status="skipped",
             skip_reason=reason,
@@ -1080,6 +1085,8 @@ class Courier:
             )
         except Exception as e:
             result = SendResult.failed(ErrorClass.AMBIGUOUS, type(e).__name__)
+        finally:
+            self.pacer.answered(target)
         status = "delivered" if result.success else "failed"
         if result.success:
             self.counters.delivered += 1

@@ -285,6 +285,20 @@ class Pacer:
                 window.times.extend([began] * limit.sends)
         return window
 
+    def answered(self, target: DeliveryTarget) -> None:
+        """A send to ``target`` came back (answered, or raised): the platform had it by
+        now, so the chat's window counts that hand-off from now, not from when it left.
+        Whatever held the request up between the count and the platform (the GIL,
+        another process's turn on a busy CPU) then never brings two arrivals at one chat
+        closer than its window; the next send to the chat waits at most one round trip
+        more. (A chat's sends from one gateway go one after another, so the newest
+        instant is this send's; where one is still out, moving it later only waits more.)"""
+        window = self.chat_windows.get(target_key(target))
+        if window is not None and window.times:
+            now = self.clock()
+            if window.times[-1] < now:
+                window.times[-1] = now
+
     def pause(self, target: DeliveryTarget, scope: str, seconds: float) -> None:
         """The platform said ``retry_after``: nothing more goes to that scope (the chat,
         or the whole bot) from any sender of this gateway until it is over."""
