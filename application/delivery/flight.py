@@ -568,8 +568,9 @@ class Courier:
             # Parts go one at a time and each is confirmed before the next: only the first
             # unconfirmed part can have reached the user unconfirmed, so only it is marked.
             mark = marker and n == 0
-            waited, why = await self.pacer.ready(target)  # the budget first: owner proven after
-            self._note_wait(flight, why, waited)
+            if self.pacer.paces(target):  # else nothing can hold it: nothing to ask
+                waited, why = await self.pacer.ready(target)  # the budget first: owner after
+                self._note_wait(flight, why, waited)
             if not self._owns(flight):
                 verdict = await self._prove_owner(flight)
                 if verdict == OWNER_SUPERSEDED and flight.record_unconfirmed:
@@ -590,8 +591,9 @@ class Courier:
             text = render_duplicate_notice(adapter, part.text) if mark else part.text
             key = send_key(agg.obligation_id, part.index, single) if keyed else None
             # The last await before the send: the instant it counts is the hand-off's.
-            waited, why = await self.pacer.hand_off(target, under_way=n > 0)
-            self._note_wait(flight, why, waited)
+            if self.pacer.paces(target):  # asked again: a pause may have come in meanwhile
+                waited, why = await self.pacer.hand_off(target, under_way=n > 0)
+                self._note_wait(flight, why, waited)
             with tracing.span("send", obligation=agg, part=part.index) as opened:
                 result = await self._platform_send(adapter, target, text, part, agg, key)
                 tracing.annotate(opened, error_class=result.error_class)

@@ -341,6 +341,12 @@ class Pacer:
                     at, why = free, WaitReason.RATE.value
         return at, why
 
+    def paces(self, target: DeliveryTarget) -> bool:
+        """Whether anything can hold a hand-off to ``target`` now: its platform's declared
+        limits, or a pause. When nothing can, a sender need not ask (``ready``,
+        ``hand_off``): they would return at once, having counted nothing."""
+        return target.platform in self.limits or bool(self.bot_pauses or self.chat_pauses)
+
     async def ready(self, target: DeliveryTarget) -> tuple[float, str]:
         """Wait until a hand-off to ``target`` would fit, without counting one: a sender
         that has writes to make or an owner to prove first waits here, then hands off."""
@@ -363,9 +369,9 @@ class Pacer:
         """Sleep until the chat's window and the pauses let a hand-off go; to take one,
         then queue for the bot's window (:class:`Turnstile`: a reply under way first,
         then first come, first served, so a bot's budget never starves a reply)."""
-        platform = target.platform
-        if platform not in self.limits and not self.bot_pauses and not self.chat_pauses:
+        if not self.paces(target):
             return 0.0, ""
+        platform = target.platform
         key = target_key(target)
         started = now = self.clock()
         reason = ""
@@ -493,7 +499,7 @@ class Pacer:
         """Would this reply wait (its turn, or its hand-off) if it went now?"""
         if len(self.queues.get(place.key, ())) > 1 and self.ahead(place):
             return True
-        if target.platform not in self.limits and not self.bot_pauses and not self.chat_pauses:
+        if not self.paces(target):
             return False
         now = self.clock()
         return self._free_at(target, place.key, now)[0] > now
