@@ -25,7 +25,7 @@ def default_duplicate_notice(content: str) -> str:
 
 
 def _str_tuple(values: Any) -> tuple[str, ...]:
-    return tuple(str(v) for v in values)
+    return tuple(map(str, values))
 
 
 def _any_tuple(values: Any) -> tuple[Any, ...]:
