@@ -10,7 +10,7 @@ See ADR 0004 for the measurements behind the choice.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import attrs
@@ -26,12 +26,21 @@ _DECODED_SIZE = 1024
 _OPTIONS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
 
 
+def isoformat(value: datetime) -> str:
+    """``value.isoformat()``. For a time in UTC (every time the ledger makes) the same
+    characters from orjson's RFC 3339 writer: ``isoformat`` builds them with printf-style
+    formatting, which costs more than the rest of an event's encoding."""
+    if value.tzinfo is UTC and type(value) is datetime:
+        return orjson.dumps(value)[1:-1].decode()
+    return value.isoformat()
+
+
 class DatetimeAsISO(Transcoding):
     type = datetime
     name = "datetime_iso"
 
     def encode(self, obj: datetime) -> str:
-        return obj.isoformat()
+        return isoformat(obj)
 
     def decode(self, data: str) -> datetime:
         return datetime.fromisoformat(data)
@@ -104,7 +113,7 @@ class OrjsonTranscoder(Transcoder):
 
     def _encode_obj(self, o: Any) -> dict[str, Any]:
         if type(o) is datetime and self._iso_datetimes:
-            return {_TYPE: "datetime_iso", _DATA: o.isoformat()}
+            return {_TYPE: "datetime_iso", _DATA: isoformat(o)}
         hit = self._memo.get(id(o))
         if hit is not None and hit[0] is o:
             return hit[1]
