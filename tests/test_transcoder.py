@@ -318,3 +318,25 @@ def test_values_orjson_would_turn_into_null_are_refused_by_the_domain(bad: float
     agg.start_attempt(by=ledger.owner, now=datetime.now(UTC))
     with pytest.raises(InvalidInput, match="retry_after must be a finite"):
         agg.fail(by=ledger.owner, now=datetime.now(UTC), retry_after=bad)
+
+
+@given(
+    st.datetimes(timezones=st.just(UTC)),
+    st.datetimes(timezones=st.timezones()),
+    st.datetimes(),
+)
+def test_timestamps_are_written_as_isoformat_writes_them(
+    utc: datetime, zoned: datetime, naive: datetime
+) -> None:
+    """A UTC time is written by orjson's RFC 3339 writer, any other by ``isoformat``:
+    the stored text is ``isoformat``'s either way, so stores written before read alike."""
+    transcoder = build_transcoder()
+    for value in (utc, zoned, naive):
+        stored = transcoder.encode({"at": value})
+        assert stored == tagged_isoformat(value)
+        assert transcoder.decode(stored) == {"at": value}
+
+
+def tagged_isoformat(value: datetime) -> bytes:
+    """What the library's JSONTranscoder writes for a datetime registered as ISO text."""
+    return b'{"at":{"_type_":"datetime_iso","_data_":"' + value.isoformat().encode() + b'"}}'
