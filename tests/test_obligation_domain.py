@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from eventsourcing.domain import Aggregate
 from eventsourcing.utils import get_topic, resolve_topic
 
 from gateway_ledger.domain.delivery.marker import send_guard
@@ -289,3 +290,46 @@ def test_target_validation(kwargs: dict[str, object], message: str) -> None:
 
 def test_numeric_chat_id_is_kept_as_string() -> None:
     assert DeliveryTarget(platform="telegram", chat_id=-100123).chat_id == "-100123"  # type: ignore[arg-type]
+
+
+def test_a_commands_events_leave_what_the_librarys_trigger_and_a_replay_leave() -> None:
+    """``DeliveryObligation.trigger_event`` skips the library's generic steps; the state it
+    leaves must be the library's: replayed through ``mutate`` (as a load does) and
+    triggered through the library's own ``trigger_event``, the same events give the same
+    aggregate (this pins the override to the library version installed)."""
+    later = T0 + timedelta(seconds=1)
+
+    def lifecycle(agg: DeliveryObligation) -> None:
+        agg.start_attempt(by=ALICE, now=T0, guard=SendGuard.NONE)
+        agg.fail(by=ALICE, now=later, error="503", classification=ErrorClass.AMBIGUOUS)
+        agg.claim(by=BOB, now=later, policy=POLICY)
+        agg.confirm_delivery(by=BOB, now=later + timedelta(seconds=1), receipt=["m-1"])
+
+    ours = DeliveryObligation.record(
+        obligation_id=compute_obligation_id("k", "m", "hi"),
+        session_key="k",
+        target=DeliveryTarget(platform="telegram", chat_id="1"),
+        content="hi",
+        owner=ALICE,
+        now=T0,
+    )
+    first = ours.collect_events()
+    lifecycle(ours)
+    events = list(ours.collect_events())
+    assert [type(e).__name__ for e in events] == ["Attempting", "Failed", "Claimed", "Delivered"]
+
+    replayed = None
+    for event in [*first, *events]:
+        replayed = event.mutate(replayed)
+    assert replayed is not None and vars(replayed) == vars(ours)
+
+    library = first[0].mutate(None)
+    for event in events:
+        fields = {
+            k: v
+            for k, v in vars(event).items()
+            if k not in ("originator_id", "originator_version", "timestamp")
+        }
+        Aggregate.trigger_event(library, type(event), timestamp=event.timestamp, **fields)
+    assert library.collect_events() == events
+    assert vars(library) == vars(ours)
