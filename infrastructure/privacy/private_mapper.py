@@ -566,13 +566,14 @@ class PrivateMapper(Mapper[UUID]):
         envelope: dict[str, str] | None,
     ) -> Any:
         meta = event_state.pop(META, None)  # the write's metadata: not a field (ADR 0058)
+        facts = self._event_class(cls)  # what the class says, looked up once per mapper
         if envelope is not None:
-            target = event_state["state"] if issubclass(cls, Snapshot) else event_state
+            target = event_state["state"] if facts.snapshot else event_state
             self._open(envelope, target, stored_event, cls)
         id_convertor = find_id_convertor(cls, type(stored_event.originator_id))  # type: ignore[arg-type]
         event_state["originator_id"] = id_convertor(stored_event.originator_id)
         event_state["originator_version"] = stored_event.originator_version
-        class_version = getattr(cls, "class_version", 1)
+        class_version = facts.class_version
         from_version = event_state.pop("class_version", 1)
         while from_version < class_version:
             getattr(cls, f"upcast_v{from_version}_v{from_version + 1}")(event_state)
