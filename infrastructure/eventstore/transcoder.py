@@ -132,18 +132,19 @@ class OrjsonTranscoder(Transcoder):
         return tagged
 
     def _walk(self, obj: Any) -> Any:
-        """Replace tagged dicts, bottom-up, in place; ``type() is`` keeps the hot loop cheap."""
+        """Replace tagged dicts, bottom-up, in place; ``type() is`` keeps the hot loop cheap,
+        and an empty container (an event's empty parts, media, metadata) is not entered."""
         if type(obj) is dict:
             if len(obj) == 2 and _TYPE in obj and _DATA in obj:
                 return self._untag(obj)
             for key, value in obj.items():
                 kind = type(value)
-                if kind is dict or kind is list:
+                if (kind is dict or kind is list) and value:
                     obj[key] = self._walk(value)
         elif type(obj) is list:
             for i, value in enumerate(obj):
                 kind = type(value)
-                if kind is dict or kind is list:
+                if (kind is dict or kind is list) and value:
                     obj[i] = self._walk(value)
         return obj
 
@@ -165,7 +166,7 @@ class OrjsonTranscoder(Transcoder):
         # target in every event of a chat): the value already built, validated once.
         # The values' types are part of the key (``1 == True``, ``1 == 1.0``).
         try:
-            key = (transcoding.name, *((k, type(v), v) for k, v in data.items()))
+            key = (transcoding.name, *data.items(), *map(type, data.values()))
             value = self._decoded.get(key)
         except TypeError:  # an unhashable field (a list): built each time
             return transcoding.decode(data)
