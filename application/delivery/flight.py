@@ -1040,18 +1040,7 @@ class Courier:
             thread_id=context.thread_id,
             reply_to=inbound_message_id,
         )
-        await self.pacer.hand_off(target)  # unrecorded, yet within the platform's budget
-        try:
-            result = await adapter.send(
-                target,
-                reply.content,
-                reply_to=inbound_message_id,
-                media=reply.media,
-                metadata=reply.metadata,
-                idempotency_key=None,
-            )
-        finally:
-            self.pacer.answered(target)
+        result = await self._send_whole(adapter, target, reply)
         return DeliveryOutcome(
             status="skipped",
             skip_reason=reason,
@@ -1075,20 +1064,10 @@ class Courier:
             thread_id=context.thread_id,
             reply_to=inbound_message_id,
         )
-        await self.pacer.hand_off(target)
         try:
-            result = await adapter.send(
-                target,
-                reply.content,
-                reply_to=inbound_message_id,
-                media=reply.media,
-                metadata=dict(reply.metadata),
-                idempotency_key=None,
-            )
+            result = await self._send_whole(adapter, target, reply)
         except Exception as e:
             result = SendResult.failed(ErrorClass.AMBIGUOUS, type(e).__name__)
-        finally:
-            self.pacer.answered(target)
         status = "delivered" if result.success else "failed"
         if result.success:
             self.counters.delivered += 1
@@ -1101,6 +1080,25 @@ class Courier:
             error_class=result.error_class.value if result.error_class else None,
             ledger_fault=True,
         )
+
+    async def _send_whole(
+        self, adapter: PlatformAdapter, target: DeliveryTarget, reply: Reply
+    ) -> SendResult:
+        """A reply sent in one request outside any obligation (a command's, or one the
+        ledger refused): within the platform's budget, and counted from when it came
+        back, like every send; what the adapter raises is raised."""
+        await self.pacer.hand_off(target)
+        try:
+            return await adapter.send(
+                target,
+                reply.content,
+                reply_to=target.reply_to,
+                media=reply.media,
+                metadata=dict(reply.metadata),
+                idempotency_key=None,
+            )
+        finally:
+            self.pacer.answered(target)
 
     def fault(self, oid: str, stage: str, error: BaseException) -> None:
         self.counters.ledger_faults += 1
