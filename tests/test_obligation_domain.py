@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from eventsourcing.domain import Aggregate
@@ -16,6 +17,7 @@ from gateway_ledger.domain.values import (
     DeliveryTarget,
     ErrorClass,
     LedgerPolicy,
+    MediaItem,
     ObligationState,
     OwnerIdentity,
     SendGuard,
@@ -333,3 +335,34 @@ def test_a_commands_events_leave_what_the_librarys_trigger_and_a_replay_leave() 
         Aggregate.trigger_event(library, type(event), timestamp=event.timestamp, **fields)
     assert library.collect_events() == events
     assert vars(library) == vars(ours)
+
+
+def test_a_recorded_obligation_is_what_the_librarys_create_makes() -> None:
+    """``DeliveryObligation.record`` builds its ``Recorded`` without the library's generic
+    ``_create`` steps; the event and the aggregate must be what ``_create`` makes of the
+    same fields (this pins the shortcut to the library version installed)."""
+    fields: dict[str, Any] = {
+        "obligation_id": compute_obligation_id("k", "m", "hi there"),
+        "session_key": "k",
+        "target": DeliveryTarget(platform="telegram", chat_id="1", thread_id="t", reply_to="r"),
+        "content": "hi there",
+        "parts": ["hi ", "there"],
+        "media": [MediaItem(kind="image", uri="file:///tmp/a.png", caption="c")],
+        "metadata": {"a": 1},
+        "owner": ALICE,
+    }
+    ours = DeliveryObligation.record(now=T0, **fields)
+    library = DeliveryObligation._create(
+        DeliveryObligation.Recorded,
+        id=DeliveryObligation.create_id(fields["obligation_id"]),
+        timestamp=T0,
+        **fields,
+    )
+    assert ours.collect_events() == library.collect_events()
+    assert vars(ours) == vars(library)
+    assert (ours.id, ours.version, ours.created_on, ours.modified_on) == (
+        library.id,
+        library.version,
+        T0,
+        T0,
+    )
