@@ -203,38 +203,10 @@ class ProjectionRunner:
         self.ensure_tables()
         if self.read_only:
             return 0
-        started = time.perf_counter()
-        applied = 0
-        batches = 0
-        position = self.position()
-        while max_batches is None or batches < max_batches:
-            if up_to is not None and position >= up_to:
-                break
-            notifications = self.app.recorder.select_notifications(
-                position, batch_size, stop=up_to, inclusive_of_start=False
-            )
-            if not notifications:
-                break
-            applied_now, position = self._apply_batch(notifications)
-            applied += applied_now
-            batches += 1
-            if progress is not None and up_to is not None:
-                progress(position, up_to)
-            if len(notifications) < batch_size:
-                break
-        if applied:
-            log.debug(
-                "projection %s applied %d events up to %d in %.1f ms",
-                self.projection.name,
-                applied,
-                position,
-                (time.perf_counter() - started) * 1000,
-            )
+        (applied,) = _follow(
+            [self], batch_size, max_batches=max_batches, up_to=up_to, progress=progress
+        )
         return applied
-
-    def _apply_batch(self, notifications: Sequence[Notification]) -> tuple[int, int]:
-        """Decode outside the lock; apply the part still ahead of the position, atomically."""
-        return self.apply_decoded(self.decode(notifications), notifications[-1].id)
 
     @property
     def decoding(self) -> tuple[Any, str, bool]:
@@ -356,28 +328,61 @@ def catch_up_together(
 
 
 def _together(runners: list[ProjectionRunner], batch_size: int) -> list[int]:
-    if len(runners) == 1 or any(r.read_only for r in runners):
+    if any(r.read_only for r in runners):
         return [r.catch_up(batch_size=batch_size) for r in runners]
     for runner in runners:
         runner.ensure_tables()
+    return _follow(runners, batch_size)
+
+
+def _follow(
+    runners: Sequence[ProjectionRunner],
+    batch_size: int,
+    *,
+    max_batches: int | None = None,
+    up_to: int | None = None,
+    progress: Progress | None = None,
+) -> list[int]:
+    """The one catch-up loop: read each batch of the log after the views' positions once,
+    decode it once (the views decode alike), and let each view apply what is still ahead
+    of its own position. Up to id ``up_to``, when given; returns how many each applied."""
+    started = time.perf_counter()
     positions = [r.position() for r in runners]
     applied = [0] * len(runners)
     position = min(positions)
     recorder = runners[0].app.recorder
-    while True:
+    batches = 0
+    while max_batches is None or batches < max_batches:
+        if up_to is not None and position >= up_to:
+            break
         notifications = recorder.select_notifications(
-            position, batch_size, inclusive_of_start=False
+            position, batch_size, stop=up_to, inclusive_of_start=False
         )
         if not notifications:
             break
         decoded = runners[0].decode(notifications)
-        position = notifications[-1].id
+        last_id = notifications[-1].id
         for i, runner in enumerate(runners):
-            if positions[i] < position:
-                count, positions[i] = runner.apply_decoded(decoded, position)
+            if positions[i] < last_id:
+                count, positions[i] = runner.apply_decoded(decoded, last_id)
                 applied[i] += count
+        # Each position is now at least ``last_id``: further, where another process
+        # had applied more meanwhile.
+        position = min(positions)
+        batches += 1
+        if progress is not None and up_to is not None:
+            progress(position, up_to)
         if len(notifications) < batch_size:
             break
+    for runner, count, at in zip(runners, applied, positions, strict=True):
+        if count:
+            log.debug(
+                "projection %s applied %d events up to %d in %.1f ms",
+                runner.projection.name,
+                count,
+                at,
+                (time.perf_counter() - started) * 1000,
+            )
     return applied
 
 
