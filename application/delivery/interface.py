@@ -54,9 +54,7 @@ def claimed_item(claim: Claim) -> dict[str, Any]:
 def media_items(media: object) -> list[MediaItem]:
     """Media as ``MediaItem`` values or mappings of their fields; one item alone, a string
     or a mapping is refused (a list of items is expected)."""
-    if type(media) not in (list, tuple) and (  # a list or tuple: no ABC to ask
-        isinstance(media, str | bytes | Mapping) or not isinstance(media, Iterable)
-    ):
+    if isinstance(media, str | bytes | Mapping) or not isinstance(media, Iterable):
         raise InvalidInput(f"media must be a list of media items, not {type(media).__name__}")
     return [_media_item(m) for m in media]
 
