@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import hmac
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
 
 import attrs
 import orjson
@@ -168,3 +171,53 @@ def test_postgres_append_reads_no_ids_back_and_refuses_a_taken_version(pg_url: s
     finally:
         ledger.close()
     assert ledger.recorder._conn is None  # closed with the ledger
+
+
+def _round_trips(recorder: Any, write: Callable[[], object], trace: Path) -> list[str]:
+    """The statements the write connection sent to the server during ``write``, one
+    entry per round trip (libpq's own trace of the protocol: a frontend ``Query``, or an
+    extended-protocol statement that a ``Sync`` ends)."""
+    conn = recorder._connection()
+    with trace.open("w") as out:
+        conn.pgconn.trace(out.fileno())
+        try:
+            write()
+        finally:
+            conn.pgconn.untrace()
+    trips: list[str] = []
+    for line in trace.read_text().splitlines():
+        fields = line.split("\t", 4)
+        if len(fields) == 5 and fields[1] == "F" and fields[3] in ("Query", "Parse"):
+            trips.append(fields[4].strip())
+    return trips
+
+
+def test_the_usual_postgres_write_is_three_round_trips(pg_url: str, tmp_path: Path) -> None:
+    """A write that carries only keys already stored (a session's later writes) sends
+    ``BEGIN``, the key check, the lock statements and ``NOTIFY`` in one round trip, then
+    the INSERT, then ``COMMIT`` (ADR 0066); one with a new key row goes through the
+    library's hook, which stores it in the same transaction."""
+    ledger = DeliveryLedger.open(pg_url)
+    try:
+        recorder = ledger.recorder
+
+        def record(oid: str, key: str) -> None:
+            ledger.record_obligation(
+                obligation_id=oid, session_key=key, platform="telegram", chat_id="7", content=oid
+            )
+
+        first = _round_trips(
+            recorder, lambda: record("rt-1", "agent:main:telegram:dm:7"), tmp_path / "1"
+        )
+        later = _round_trips(
+            recorder, lambda: record("rt-2", "agent:main:telegram:dm:7"), tmp_path / "2"
+        )
+        assert len(later) == 3, later
+        opening, insert, commit = later
+        assert opening.startswith('"BEGIN;') and "FOR KEY SHARE" in opening
+        assert "LOCK TABLE" in opening and "NOTIFY" in opening
+        assert "INSERT" in insert and commit == '"COMMIT"'
+        assert len(first) > 3 and any("ON CONFLICT DO NOTHING" in trip for trip in first)
+        assert ledger.get("rt-1").content == "rt-1" and ledger.get("rt-2").content == "rt-2"
+    finally:
+        ledger.close()

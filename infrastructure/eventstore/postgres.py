@@ -210,10 +210,17 @@ class KeyedPostgresApplicationRecorder(PostgresApplicationRecorder):
         self._notify = sql.SQL(
             sql.SQL("NOTIFY {}").format(sql.Identifier(self.channel_name)).as_string(None)
         )
-        self._keys_in_use = _rendered(
-            sql.SQL(
-                "SELECT subject_id, key_id FROM {} WHERE subject_id = ANY(%s) FOR KEY SHARE"
-            ).format(self._keys)
+        # The statements before the INSERT that take no parameters (the library's lock
+        # statements, then NOTIFY) as one text: sent with ``BEGIN`` in one round trip.
+        self._locking = "; ".join(
+            [_rendered(q).as_string(None) for q in self.lock_table_statements]
+            + [self._notify.as_string(None)]
+        )
+        self._locking_sql = sql.SQL(self._locking)
+        self._keys_in_use = (
+            sql.SQL("SELECT subject_id, key_id FROM {} WHERE subject_id = ANY(")
+            .format(self._keys)
+            .as_string(None)
         )
 
     def insert_events(
@@ -221,11 +228,12 @@ class KeyedPostgresApplicationRecorder(PostgresApplicationRecorder):
     ) -> Sequence[int] | None:
         """The library's write, for a caller that wants no notification ids back (the one
         write path's ``append``): the same statements in the same order in one transaction
-        (key rows, the table's lock, NOTIFY, the INSERT), on a connection of the
-        recorder's own kept open, as the SQLite recorder's writes are, in a plain
-        ``BEGIN`` ... ``COMMIT``; without the pool's check-out and ping, the pipeline and
-        transaction objects, and the INSERT's RETURNING read back into dicts: about 40 %
-        less CPU per commit (docs/performance.md, issue 21). A version already taken
+        (the check of the used keys and the key rows, the table's lock, NOTIFY, the
+        INSERT), on a connection of the recorder's own kept open, as the SQLite
+        recorder's writes are, in a plain ``BEGIN`` ... ``COMMIT`` of three round trips
+        where the write carries no new key rows (ADR 0066); without the pool's check-out
+        and ping, the pipeline and transaction objects, and the INSERT's RETURNING read
+        back into dicts (docs/performance.md, issue 21). A version already taken
         raises the library's ``IntegrityError``; a broken connection is dropped and the
         write retried as the library retries its own. Any other caller (and the
         library's database functions) gets the library's own write."""
@@ -244,16 +252,30 @@ class KeyedPostgresApplicationRecorder(PostgresApplicationRecorder):
             construct(e.originator_id, e.originator_version, e.topic, e.state)
             for e in stored_events
         ]
+        keys: WriteKeys | None = kwargs.get("keys")
+        used = keys.used if keys is not None else None
+        # A write that carries only stored keys (a session's later writes): their check,
+        # the lock statements and NOTIFY go with BEGIN, in one round trip (ADR 0066).
+        # Anything more (new key rows, a tracking row, another keyword) goes through the
+        # library's hook first, in the library's order.
+        hooked = (keys is not None and bool(keys.rows)) or any(k not in _PLAIN for k in kwargs)
+        opening = ["BEGIN"]
+        if not hooked:
+            if used:
+                opening.append(self._live_keys_check(used))
+            opening.append(self._locking)
         with self._write_lock:
             try:
                 conn = self._connection()
                 curs = conn.cursor()
-                curs.execute(_BEGIN)
                 try:
-                    self._insert_events(curs, stored_events, **kwargs)
-                    for lock in self.lock_table_statements:
-                        curs.execute(lock, prepare=True)
-                    curs.execute(self._notify)
+                    curs.execute(sql.SQL("; ".join(opening)))
+                    if hooked:
+                        self._insert_events(curs, stored_events, **kwargs)
+                        curs.execute(self._locking_sql)
+                    elif used:
+                        curs.nextset()  # the check's rows, after BEGIN's empty result
+                        erased_among(used, [_pair(row) for row in curs.fetchall()])
                     curs.execute(self._insert_unreturned, (events,))
                     curs.execute(_COMMIT)
                 except BaseException:
@@ -311,9 +333,11 @@ class KeyedPostgresApplicationRecorder(PostgresApplicationRecorder):
     def _insert_events(
         self, curs: Any, stored_events: Sequence[StoredEvent], **kwargs: Any
     ) -> None:
+        """The library's hook, first in the write's transaction: the check of the used
+        keys, then the new key rows (ADR 0023, 0028)."""
         keys: WriteKeys | None = kwargs.get("keys")
         if keys is not None and keys.used:
-            curs.execute(self._keys_in_use, (list(keys.used),))
+            curs.execute(sql.SQL(self._live_keys_check(keys.used)))
             erased_among(keys.used, [_pair(row) for row in curs.fetchall()])
         rows = keys.rows if keys is not None else ()
         if rows:
@@ -328,14 +352,22 @@ class KeyedPostgresApplicationRecorder(PostgresApplicationRecorder):
                 raise KeyRaceLost
         super()._insert_events(curs, stored_events, **kwargs)
 
+    def _live_keys_check(self, used: Mapping[str, str]) -> str:
+        """The stored keys of the subjects in ``used``, read ``FOR KEY SHARE`` (ADR 0028).
+        Their ids are in the text as a quoted literal, so the check can travel with
+        ``BEGIN`` and the lock statements in one round trip (ADR 0066)."""
+        subjects = sql.Literal(sorted(used)).as_string(None)
+        return f"{self._keys_in_use}{subjects}::text[]) FOR KEY SHARE"
+
     def close(self) -> None:
         """Close the write connection (the pool's are closed with the application)."""
         with self._write_lock:
             self._drop_connection()
 
 
-_BEGIN = sql.SQL("BEGIN")
 _COMMIT = sql.SQL("COMMIT")
+_PLAIN = frozenset({"keys", "notification_ids"})
+"""What the one write path's write may carry and still skip the library's hook."""
 _ROLLBACK = sql.SQL("ROLLBACK")
 _IDLE = TransactionStatus.IDLE
 
