@@ -181,7 +181,8 @@ class KeyedPostgresApplicationRecorder(PostgresApplicationRecorder):
     transaction back. Before that, the stored keys the events were sealed with are read
     ``FOR KEY SHARE``: an erasure's DELETE of one of them then waits for this commit (and
     its second pass abandons what it wrote), or it came first and ``SessionErased`` rolls
-    this transaction back (ADR 0028).
+    this transaction back (ADR 0028). The one write path's usual write (stored keys only)
+    sends that check with ``BEGIN`` and the lock statements instead (ADR 0066).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
