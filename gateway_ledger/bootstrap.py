@@ -808,6 +808,6 @@ def pacing_status(ledger: DeliveryLedger) -> dict[str, Any]:
     found: dict[str, Any] = {"queued": queued, "pauses": {}, "sharing": {}}
     budget = shared_budget_of(ledger)
     if budget is not None:
-        found["pauses"] = {p: round(s, 3) for p, s in budget.pauses().items()}
-        found["sharing"] = budget.sharing()
+        pauses, found["sharing"] = budget.standing()
+        found["pauses"] = {p: round(s, 3) for p, s in pauses.items()}
     return found

@@ -19,7 +19,7 @@ from typing import Any
 
 from gateway_ledger.application.delivery.ports import AdapterBase, Reply, ReplyContext, SendResult
 from gateway_ledger.application.delivery.rate_limits import Limit, RateLimits
-from gateway_ledger.bootstrap import Gateway
+from gateway_ledger.bootstrap import DeliveryLedger, Gateway
 from gateway_ledger.domain.values import (
     DeliveryTarget,
     ErrorClass,
@@ -27,6 +27,7 @@ from gateway_ledger.domain.values import (
     MediaItem,
     OwnerIdentity,
 )
+from gateway_ledger.infrastructure.pacing.shared_budget import SharedBudget
 
 CHILD = str(Path(__file__).parent / "order_child.py")
 LEASES = {
@@ -345,3 +346,39 @@ def test_a_chats_window_counts_a_send_from_when_it_came_back() -> None:
         assert await pacer.hand_off(other) == (0.0, "")
 
     asyncio.run(main())
+
+
+def test_status_shows_the_bot_pauses_and_the_gateways_sharing_each_bot(
+    store_location: str,
+) -> None:
+    """``gateway-ledger status --json`` reads the shared budget's rows (ADR 0060) in one
+    read: the pauses in force and how many gateways share each platform's bot; a store
+    no gateway shared a budget on shows none."""
+    cli = str(Path(sys.executable).parent / "gateway-ledger")
+
+    def pacing() -> dict[str, Any]:
+        done = subprocess.run(
+            [cli, "status", "--json", "--db", store_location],
+            capture_output=True, text=True, timeout=120, env={**os.environ},
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        found: dict[str, Any] = json.loads(done.stdout)["pacing"]
+        return found
+
+    ledger = DeliveryLedger.open(store_location)
+    try:
+        assert pacing()["pauses"] == {} and pacing()["sharing"] == {}
+        budget = SharedBudget.of(ledger)
+        me = ledger.owner
+        other = OwnerIdentity(
+            host=me.host, boot_id=me.boot_id, pid=me.pid, start_time=me.start_time,
+            installation_id="another-gateway",
+        )  # fmt: skip
+        budget.renew(me, ["telegram"], ttl=600)
+        budget.renew(other, ["telegram", "slack"], ttl=600)
+        budget.pause("telegram", 300)
+        shown = pacing()
+        assert shown["sharing"] == {"slack": 1, "telegram": 2}
+        assert list(shown["pauses"]) == ["telegram"] and 200 < shown["pauses"]["telegram"] <= 300
+    finally:
+        ledger.close()

@@ -105,13 +105,24 @@ class SharedBudget:
                 (platform, until),
             )
 
-    def pauses(self) -> dict[str, float]:
-        """The bot pauses in force (platform: seconds left), for operators: read only,
-        nothing when no gateway has shared a budget on this store yet."""
+    def standing(self) -> tuple[dict[str, float], dict[str, int]]:
+        """For operators, read only, in one read at one instant: the bot pauses in force
+        (platform: seconds left) and the gateways sharing each platform's bot (rows not
+        expired); nothing when no gateway has shared a budget on this store yet."""
         if not self._exists():
-            return {}
+            return {}, {}
         with self.dialect.read_cursor() as c:
-            return self._pauses(c, self.clock())
+            now = self.clock()
+            pauses = self._pauses(c, now)
+            c.execute(
+                self.dialect.sql(
+                    f"SELECT platform, COUNT(*) AS n FROM {self.members} "
+                    "WHERE expires_at >= ? GROUP BY platform"
+                ),
+                (now,),
+            )
+            sharing = {str(row["platform"]): int(row["n"]) for row in c.fetchall()}
+        return pauses, sharing
 
     def _exists(self) -> bool:
         try:
@@ -121,20 +132,6 @@ class SharedBudget:
             return True
         except Exception:
             return False
-
-    def sharing(self) -> dict[str, int]:
-        """The gateways sharing each platform's bot now (rows not expired), for operators."""
-        if not self._exists():
-            return {}
-        with self.dialect.read_cursor() as c:
-            c.execute(
-                self.dialect.sql(
-                    f"SELECT platform, COUNT(*) AS n FROM {self.members} "
-                    "WHERE expires_at >= ? GROUP BY platform"
-                ),
-                (self.clock(),),
-            )
-            return {str(row["platform"]): int(row["n"]) for row in c.fetchall()}
 
     def leave(self, owner: OwnerIdentity) -> None:
         """A clean close: the others take this gateway's share back at once."""
