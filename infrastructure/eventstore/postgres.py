@@ -357,8 +357,7 @@ class KeyedPostgresApplicationRecorder(PostgresApplicationRecorder):
         """The stored keys of the subjects in ``used``, read ``FOR KEY SHARE`` (ADR 0028).
         Their ids are in the text as a quoted literal, so the check can travel with
         ``BEGIN`` and the lock statements in one round trip (ADR 0066)."""
-        subjects = sql.Literal(sorted(used)).as_string(None)
-        return f"{self._keys_in_use}{subjects}::text[]) FOR KEY SHARE"
+        return f"{self._keys_in_use}{_text_array(sorted(used))}::text[]) FOR KEY SHARE"
 
     def close(self) -> None:
         """Close the write connection (the pool's are closed with the application)."""
@@ -391,6 +390,17 @@ def _rendered(query: Any) -> Any:
     if isinstance(query, sql.Composed):
         return sql.SQL(query.as_string(None))
     return query
+
+
+_HEX = re.compile(r"[0-9a-f]+\Z")
+
+
+def _text_array(values: list[str]) -> str:
+    """A quoted ``text[]`` literal of ``values``. Subject ids are hex digests (keyed
+    names): written as they are; anything else is quoted by psycopg."""
+    if all(_HEX.match(v) for v in values):
+        return "'{" + ",".join(values) + "}'"
+    return sql.Literal(values).as_string(None)
 
 
 def _pair(row: Any) -> tuple[str, str]:
