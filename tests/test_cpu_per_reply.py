@@ -28,9 +28,11 @@ from eventsourcing.persistence import IntegrityError, StoredEvent
 from psycopg import sql
 
 from gateway_ledger.bootstrap import DeliveryLedger
+from gateway_ledger.domain.errors import SessionErased
 from gateway_ledger.domain.values import OwnerIdentity
 from gateway_ledger.infrastructure.eventstore.transcoder import AttrsTranscoding, OrjsonTranscoder
 from gateway_ledger.infrastructure.privacy import private_mapper
+from gateway_ledger.infrastructure.privacy.keyring import WriteKeys
 
 
 def test_postgres_write_statements_are_rendered_once_and_events_read_back(pg_url: str) -> None:
@@ -219,5 +221,33 @@ def test_the_usual_postgres_write_is_three_round_trips(pg_url: str, tmp_path: Pa
         assert "INSERT" in insert and commit == '"COMMIT"'
         assert len(first) > 3 and any("ON CONFLICT DO NOTHING" in trip for trip in first)
         assert ledger.get("rt-1").content == "rt-1" and ledger.get("rt-2").content == "rt-2"
+    finally:
+        ledger.close()
+
+
+def test_the_usual_postgres_write_refuses_keys_no_longer_stored_and_stores_nothing(
+    pg_url: str,
+) -> None:
+    """The key check that travels with ``BEGIN`` (ADR 0066) names its subjects in a
+    literal: a hex subject id as it is, any other quoted by psycopg. Either way a key
+    that is not stored (destroyed meanwhile) refuses the write, names the subject, and
+    rolls back everything, on a connection that then writes again."""
+    ledger = DeliveryLedger.open(pg_url)
+    try:
+        ledger.record_obligation(  # a sealed write: the key table exists from here
+            obligation_id="k-1", session_key="agent:main:telegram:dm:8", platform="telegram",
+            chat_id="8", content="hi",
+        )  # fmt: skip
+        recorder = ledger.recorder
+        event = StoredEvent(uuid.uuid4(), 1, "t", b"{}")
+        for subject in ("0123abcd" * 4, "a'b,\"c\\{d}"):
+            keys = WriteKeys()
+            keys.used[subject] = "k-gone"
+            with pytest.raises(SessionErased) as refused:
+                recorder.insert_events([event], keys=keys, notification_ids=False)
+            assert refused.value.subject_ids == (subject,)
+            assert recorder.select_events(event.originator_id) == []
+        recorder.insert_events([event], notification_ids=False)
+        assert [e.originator_version for e in recorder.select_events(event.originator_id)] == [1]
     finally:
         ledger.close()

@@ -367,7 +367,7 @@ def test_status_shows_the_bot_pauses_and_the_gateways_sharing_each_bot(
 
     ledger = DeliveryLedger.open(store_location)
     try:
-        assert pacing()["pauses"] == {} and pacing()["sharing"] == {}
+        assert pacing() == {"queued": {}, "pauses": {}, "sharing": {}}
         budget = SharedBudget.of(ledger)
         me = ledger.owner
         other = OwnerIdentity(
