@@ -95,3 +95,55 @@ def test_simulate_with_faults_on_postgres(pg_url: str) -> None:
     assert report["paused"] == 1
     assert report["paused_claimed"] >= 1, report  # stopped past its lease, then claimed
     assert_faults_planted_and_survived(done, report)
+
+
+def test_the_judgment_tells_a_fresh_key_period_from_a_reply_the_erasure_covered(
+    tmp_path: Path,
+) -> None:
+    """A CI run counted as "taken after the erasure" the reply of a conversation whose
+    erasure found no key (its first turn was still being answered): recorded 7 ms before
+    the erasure's record, under a fresh key, claimed and sent by another gateway after a
+    kill. ADR 0044 lets that reply through as new data; a reply the erasure covered (its
+    data under the destroyed key) stays judged."""
+    import time
+
+    from gateway_ledger import DeliveryLedger
+    from gateway_ledger.bootstrap import forget_session
+    from gateway_ledger.entrypoints.simulation.faults import (
+        Forgotten,
+        recorded_after_erasure,
+        taken_after_erasure,
+    )
+    from gateway_ledger.entrypoints.simulation.platform import Received
+
+    db = str(tmp_path / "ledger.db")
+    ledger = DeliveryLedger.open(db)
+    try:
+
+        def record(oid: str, key: str) -> None:
+            ledger.record_obligation(
+                obligation_id=oid, session_key=key, platform="telegram", chat_id="c", content="hi"
+            )
+
+        covered = Forgotten(conversation=1, session_key="agent:main:telegram:dm:1", chat_id="c")
+        record("before", covered.session_key)
+        covered.began_at = time.time()
+        forget_session(db, covered.session_key)
+        covered.finished_at = time.time()
+
+        fresh = Forgotten(conversation=2, session_key="agent:main:telegram:dm:2", chat_id="c")
+        fresh.began_at = time.time()
+        forget_session(db, fresh.session_key)  # nothing recorded yet: no key to destroy
+        record("after", fresh.session_key)  # the turn in progress, under a fresh key
+        fresh.finished_at = time.time()
+
+        for oid, erasure, excused in (("before", covered, False), ("after", fresh, True)):
+            history = ledger.history(oid)
+            erased = ledger.is_erased(oid)
+            assert erased is not excused
+            assert recorded_after_erasure(history, erasure, erased=erased) is excused
+        # What the rule judges, unchanged: a claimer's send of the covered reply.
+        claimer = Received(1, "c", None, None, "hi", None, None, -1, time.time() + 1)
+        assert taken_after_erasure(claimer, ledger.history("before"), covered)
+    finally:
+        ledger.close()

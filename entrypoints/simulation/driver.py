@@ -309,7 +309,7 @@ class Simulation:
                 missing, marked, unlabelled = tally(got_by_part)
                 r.unlabelled_duplicates += unlabelled
                 if self.faults is not None:
-                    self.faults.count_readable(turn, status, history, got_by_part)
+                    self.faults.count_readable(turn, status, history, got_by_part, ledger)
                 types = [h.type for h in history]
                 if status.state == "abandoned":
                     abandoned[status.abandon_reason or "?"] += 1

@@ -702,6 +702,7 @@ class FaultPlan:
         status: ObligationStatus,
         history: list[HistoryEntry],
         parts: Parts,
+        ledger: DeliveryLedger,
     ) -> None:
         oid = self.sim.oid(turn)
         if self._quarantined is not None and oid in self._quarantined:
@@ -719,21 +720,21 @@ class FaultPlan:
             if h.type == "Claimed" and p is not None and h.fields["previous_owner"].pid == p.pid:
                 self._claimed_from_paused.add(oid)
         forgotten = self.forgotten.get(turn.conversation)
-        if forgotten is not None:
-            first = history[0] if history else None
-            if (
-                first is not None
-                and first.type == "Recorded"
-                and forgotten.finished_at is not None
-                and first.timestamp.timestamp() > forgotten.finished_at
-            ):
-                self.report.recorded_after_erasure += 1
-            self.report.erased_sent_after_forget += sum(
-                1
-                for got in parts
-                for m in got
-                if not shows_placeholder(m) and taken_after_erasure(m, history, forgotten)
-            )
+        if forgotten is None:
+            return
+        if recorded_after_erasure(history, forgotten, erased=ledger.is_erased(oid)):
+            # New data under a fresh key (ADR 0044): sending it is what the erasure allows.
+            self.report.recorded_after_erasure += 1
+            return
+        taken = sum(
+            1
+            for got in parts
+            for m in got
+            if not shows_placeholder(m) and taken_after_erasure(m, history, forgotten)
+        )
+        if taken:
+            self.report.erased_sent_after_forget += taken
+            self.report.erased_sent_ids.append(oid)
 
     def audit(self, ledger: DeliveryLedger) -> None:
         r = self.sim.report
@@ -798,6 +799,27 @@ class FaultPlan:
             f.paused_seconds = round((p.resumed_at or p.stopped_at) - p.stopped_at, 2)
             f.paused_in_flight = p.owned_in_flight
             f.paused_claimed = len(self._claimed_from_paused)
+
+
+def recorded_after_erasure(
+    history: list[HistoryEntry], erasure: Forgotten, *, erased: bool
+) -> bool:
+    """The obligation was recorded once the erasure had begun, under a key the erasure did
+    not destroy (its data still opens): a new key period, which ADR 0044 allows.
+
+    The erasure destroys the subject's key and then abandons what was recorded under it
+    meanwhile; a process that no longer finds a key creates a fresh one. Such a reply is
+    new data, readable and owed like any other. A reply whose data no longer opens was
+    recorded under the destroyed key, and the judgment of :func:`taken_after_erasure`
+    applies to it, as to anything recorded before the erasure began.
+    """
+    first = history[0] if history else None
+    return (
+        not erased
+        and first is not None
+        and first.type == "Recorded"
+        and first.timestamp.timestamp() > erasure.began_at
+    )
 
 
 def taken_after_erasure(msg: Received, history: list[HistoryEntry], erasure: Forgotten) -> bool:

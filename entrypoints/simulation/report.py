@@ -170,17 +170,21 @@ class FaultReport:
     """Turns of a forgotten conversation that never became an obligation: not asked after
     the erasure, or refused under its destroyed key. Not owed, so not lost."""
     recorded_after_erasure: int = 0
-    """Obligations of a forgotten session recorded after its erasure returned: written
-    under a destroyed key (a gateway still had it cached). Reported, not judged: what
-    matters to users is whether such a reply is sent as a placeholder (``erased_sent``)."""
+    """Obligations of a forgotten session recorded once its erasure had begun, under a key
+    the erasure did not destroy: a new key period (ADR 0044), readable and sent like any
+    reply. Reported, not judged (a write under the destroyed key is refused; one that got
+    through would not open, and its send would show the placeholder: ``erased_sent``)."""
     forget_errors: list[str] = attrs.field(factory=list)
     forget_seconds: list[float] = attrs.field(factory=list)
     """How long each erasure took (while it runs, other gateways' writes may wait)."""
     erased_sent: int = 0
     """Messages that carried the erased placeholder, or that a gateway took from the
-    store after the session's erasure and sent to its chat: must be 0."""
+    store after the session's erasure and sent to its chat (of a reply the erasure covered,
+    not of one recorded afterwards under a fresh key): must be 0."""
     erased_sent_placeholder: int = 0
     erased_sent_after_forget: int = 0
+    erased_sent_ids: list[str] = attrs.field(factory=list)
+    """The obligations whose messages ``erased_sent`` counts, for reading their history."""
     erased_abandoned: int = 0
     paused: int = 0
     paused_seconds: float = 0.0
