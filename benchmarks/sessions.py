@@ -4,6 +4,9 @@ Pairs measured in one run (targets: each pair within 1.5x):
 - resolve + append of a message, with 10 vs 10,000 sessions in the store;
 - history(last=50) of a session holding 50 vs 10,000 messages.
 
+Each operation's process CPU is printed too, in reference units ("u", ``reference.py``,
+timed in the same run), so figures from two machines compare (ADR 0062).
+
     python benchmarks/sessions.py [--quick] [--location postgresql://...?schema=bench]
 """
 
@@ -12,10 +15,15 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import sys
 import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from reference import CpuMeter, cpu_seconds
 
 from gateway_ledger.bootstrap import SessionStore
 from gateway_ledger.domain.sessions.route import SessionRoute
@@ -59,14 +67,21 @@ def fill_messages(store: SessionStore, src: SessionSource, count: int) -> str:
     return ctx.session_id
 
 
-def interleaved(small: object, large: object, repeats: int) -> tuple[float, float]:
-    """Median ms of each, measured alternately so machine noise hits both sides alike."""
+def interleaved(
+    small: object, large: object, repeats: int, meter: CpuMeter, name: str
+) -> tuple[float, float]:
+    """Median ms of each, measured alternately so machine noise hits both sides alike;
+    each side's CPU goes to ``meter`` as ``name/0`` and ``name/1``."""
     samples: tuple[list[float], list[float]] = ([], [])
-    for _ in range(repeats):
+    for i in range(repeats):
         for side, fn in enumerate((small, large)):
+            cpu = cpu_seconds()
             start = time.perf_counter()
             fn()  # type: ignore[operator]
             samples[side].append(time.perf_counter() - start)
+            meter.add(f"{name}/{side}", cpu_seconds() - cpu)
+        if i % 50 == 49:
+            meter.sample()
     return statistics.median(samples[0]) * 1000, statistics.median(samples[1]) * 1000
 
 
@@ -115,6 +130,7 @@ def main() -> None:
         return str(tmp / f"{name}.db")
 
     secret_dir = tmp / "secrets"
+    meter = CpuMeter()
     rows = [
         (
             "resolve + append",
@@ -124,6 +140,8 @@ def main() -> None:
                 resolve_append_op(location("r_small"), secret_dir, 10),
                 resolve_append_op(location("r_big"), secret_dir, big),
                 ops,
+                meter,
+                "resolve + append",
             ),
         ),
         (
@@ -134,18 +152,23 @@ def main() -> None:
                 history_op(location("h_small"), secret_dir, 50),
                 history_op(location("h_big"), secret_dir, big),
                 ops,
+                meter,
+                "history(last=50)",
             ),
         ),
     ]
+    meter.close()
     store_kind = "PostgreSQL" if args.location else "SQLite"
     print(f"sessions benchmark ({store_kind}, median of {ops} operations)")
-    print("| operation | baseline | ms | large store | ms | ratio |")
-    print("| --- | --- | ---: | --- | ---: | ---: |")
+    print("| operation | baseline | ms | large store | ms | ratio | CPU per operation |")
+    print("| --- | --- | ---: | --- | ---: | ---: | ---: |")
     for name, small_label, big_label, small, large in rows:
+        cpu = " / ".join(f"{meter.units(f'{name}/{side}', ops):.2f} u" for side in (0, 1))
         print(
             f"| {name} | {small_label} | {small:.3f} | {big_label} | {large:.3f} "
-            f"| {large / small:.2f}x |"
+            f"| {large / small:.2f}x | {cpu} |"
         )
+    print(f"u = reference units: {meter.unit * 1e6:.0f} µs on this machine in this run")
 
 
 if __name__ == "__main__":

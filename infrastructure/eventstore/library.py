@@ -23,6 +23,15 @@ The library is extended only where its examples extend it: the ``construct_*`` m
 an application, our mapper, event store and recorder classes, and the PostgreSQL
 recorder's insert hook (a library internal, owned by ``postgres.py`` alone and pinned by
 ``tests/test_write_path.py``).
+
+Its generic machinery stays off our paths where it costs more than the work it wraps
+(ADR 0067): ``Application.save`` tells an aggregate from an event with two
+runtime-checkable protocols, and the repository's default projector asserts one for every
+event it replays; on Python 3.11 each such ``isinstance`` recomputes the protocol's
+members (6 to 15 µs, ten times an event's ``mutate``). :meth:`PrivateEvents.save` does the
+library's steps with class checks, through public methods only, and the repository
+replays with :func:`apply_in_order`; ``tests/test_library_save.py`` pins both to the
+library's own.
 """
 
 from __future__ import annotations
@@ -35,6 +44,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 from uuid import UUID
 
+from eventsourcing.application import Repository
+from eventsourcing.domain import BaseAggregate
 from eventsourcing.persistence import (
     EventStore,
     InfrastructureFactory,
@@ -207,6 +218,36 @@ class DecryptedAggregates:
         return len(self._kept)
 
 
+def apply_in_order(aggregate: Any, domain_events: Any) -> Any:
+    """The library's default projector (``project_aggregate``) without its per-event
+    assertion of a runtime-checkable protocol: every event class of ours has ``mutate``."""
+    for domain_event in domain_events:
+        aggregate = domain_event.mutate(aggregate)
+    return aggregate
+
+
+class AppliedInOrder(Repository[UUID]):
+    """The library's repository, replaying with :func:`apply_in_order` unless a caller
+    names another projector (a snapshot's, an operator's point in time)."""
+
+    def get(
+        self,
+        aggregate_id: UUID,
+        *,
+        version: int | None = None,
+        projector_func: Any = apply_in_order,
+        fastforward_skipping: bool = False,
+        deepcopy_from_cache: bool = True,
+    ) -> Any:
+        return super().get(
+            aggregate_id,
+            version=version,
+            projector_func=projector_func,
+            fastforward_skipping=fastforward_skipping,
+            deepcopy_from_cache=deepcopy_from_cache,
+        )
+
+
 class PrivateEvents:
     """Mixin for an eventsourcing Application whose events may hold personal data.
 
@@ -222,6 +263,11 @@ class PrivateEvents:
     data, and nothing is written without it)."""
     env: Any
     recorder: Any
+    repository: Any
+    snapshots: Any
+    snapshotting_intervals: ClassVar[dict[Any, int]]
+    snapshotting_projectors: ClassVar[dict[Any, Any]]
+    take_snapshot: Callable[..., None]
     mapper: Any
     events: Any
     decrypted: DecryptedAggregates
@@ -273,6 +319,55 @@ class PrivateEvents:
     def construct_event_store(self) -> SealedEventStore:
         """The one write path (see the module docstring)."""
         return SealedEventStore(self.private_mapper, self.recorder)
+
+    def construct_repository(self) -> AppliedInOrder:
+        """The repository the library builds (its cache settings read from the
+        environment), replaying with :func:`apply_in_order`."""
+        built = super().construct_repository()  # type: ignore[misc]
+        repository = AppliedInOrder.__new__(AppliedInOrder)
+        vars(repository).update(vars(built))
+        return repository
+
+    def save(self, *objs: Any, **kwargs: Any) -> list[Recording[UUID]]:
+        """The library's ``Application.save``: the objects' events to the event store
+        (``events.put``, the one write path, with ``kwargs``), aggregates to the cache
+        where one is kept, then the snapshots now due. An aggregate is told from an event
+        by its class, not by the library's runtime-checkable protocols (ADR 0067)."""
+        events: list[Any] = []
+        aggregates: dict[UUID, Any] = {}
+        for obj in objs:
+            if obj is None:
+                continue
+            if isinstance(obj, BaseAggregate):
+                events += obj.collect_events()
+                aggregates[obj.id] = obj
+            else:
+                events.append(obj)
+        recordings: list[Recording[UUID]] = self.events.put(events, **kwargs)
+        repository = self.repository
+        if repository.cache is not None and not repository.fastforward:
+            for aggregate_id, aggregate in aggregates.items():
+                repository.cache.put(aggregate_id, aggregate)
+        self.take_snapshots_due(events, aggregates)
+        return recordings
+
+    def take_snapshots_due(self, events: Sequence[Any], aggregates: dict[UUID, Any]) -> None:
+        """A snapshot of each saved aggregate whose event reached its type's interval, as
+        the library's save takes them (``take_snapshot``, replaying with the type's
+        ``snapshotting_projectors`` entry or :func:`apply_in_order`)."""
+        intervals: dict[Any, int] = self.snapshotting_intervals
+        if not intervals or self.snapshots is None:
+            return
+        projectors: dict[Any, Any] = self.snapshotting_projectors
+        for event in events:
+            aggregate = aggregates.get(event.originator_id)
+            interval = intervals.get(type(aggregate)) if aggregate is not None else None
+            if interval is not None and event.originator_version % interval == 0:
+                self.take_snapshot(
+                    event.originator_id,
+                    version=event.originator_version,
+                    projector_func=projectors.get(type(aggregate), apply_in_order),
+                )
 
     def first_stored_event(self, originator_id: UUID) -> StoredEvent | None:
         """An aggregate's first stored event, as stored (None: no such aggregate)."""
