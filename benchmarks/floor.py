@@ -18,6 +18,20 @@ This prints, each measured the same way in one run, the median of:
 
 and the Python per reply that ours could spend and still break even in (a).
 
+It also splits the CPU of a reply at (b) (64 concurrent conversations, encryption on,
+SQLite) in two, each in reference units (``reference.py``) and timed in turns in one run:
+
+- **the three events' own work**: the domain's three commands (``record``,
+  ``start_attempt``, ``confirm_delivery``), the mapper sealing and encoding the three
+  events, and their insert, saved through the ledger's event store in groups of the size
+  (b) commits (one commit per 32 replies), on one thread: what any gateway path that
+  records these three explicit events pays;
+- **the gateway path** (``delivery.py``'s side "ours" at (b)): the same replies through
+  ``Gateway.deliver``, with its hand-offs, futures, flight, pacing and tracing.
+
+The difference is what the path around the events costs (issue 21: which half of a
+reply's CPU could still be removed without recording less).
+
     python benchmarks/floor.py [--replies N] [--quick]
 """
 
@@ -29,11 +43,19 @@ import os
 import queue
 import sqlite3
 import statistics
+import sys
 import tempfile
 import threading
 import time
 import uuid
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from delivery import CONCURRENCY, Ours, work
+from reference import CpuMeter, cpu_seconds
+
+from gateway_ledger import DeliveryLedger, compute_obligation_id
 
 # Sizes of the stored state of a reply's events in the delivery benchmark (sealed).
 RECORDED, ATTEMPTING, DELIVERED = 1170, 280, 440
@@ -126,6 +148,60 @@ def commits(tmp: Path, n: int) -> tuple[float, float]:
     return statistics.median(times["ours"]), statistics.median(times["base"])
 
 
+GROUP = 32
+"""Replies per commit at (b): ``delivery.py`` measures about 0.03 commits per lifecycle."""
+
+
+def own_work(ledger: DeliveryLedger, first: int, count: int) -> None:
+    """``count`` replies' three events, built, sealed, encoded and stored in groups."""
+    owner, clock = ledger.owner, ledger.clock
+    for start in range(first, first + count, GROUP):
+        aggregates = []
+        for n in range(start, min(start + GROUP, first + count)):
+            key, chat, content = work(n, n % CONCURRENCY)
+            agg = ledger.new_obligation(
+                obligation_id=compute_obligation_id(key, f"in-{n}", content),
+                session_key=key,
+                platform="telegram",
+                chat_id=chat,
+                content=content,
+                reply_to=f"in-{n}",
+            )
+            agg.start_attempt(by=owner, now=clock())
+            agg.confirm_delivery(by=owner, now=clock(), receipt=[str(n)])
+            aggregates.append(agg)
+        ledger.store_changes(aggregates)
+
+
+async def split_b(tmp: Path, replies: int, turns: int) -> tuple[float, float, float]:
+    """Reference units per reply at (b): the events' own work, the gateway path, and the
+    unit in seconds; the two sides in turns, each turn followed by a unit sample."""
+    meter = CpuMeter()
+    ledger = DeliveryLedger.open(tmp / "own.db", encrypt=True)
+    ours = await Ours.open(tmp / "ours.db", encrypt=True)
+    per_conv = max(1, replies // CONCURRENCY)
+    count = per_conv * CONCURRENCY
+    try:
+        own_work(ledger, 0, count)  # warm-up, both sides
+        await ours.segment(0, per_conv, CONCURRENCY)
+        await ours.settle()
+        for turn in range(1, turns + 1):
+            started = cpu_seconds()
+            own_work(ledger, turn * count, count)
+            meter.add("own", cpu_seconds() - started)
+            started = cpu_seconds()
+            await ours.segment(turn * per_conv, per_conv, CONCURRENCY)
+            await ours.settle()
+            meter.add("path", cpu_seconds() - started)
+            meter.sample()
+    finally:
+        await ours.close()
+        ledger.close()
+    meter.close()
+    done = count * turns
+    return meter.units("own", done), meter.units("path", done), meter.unit
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--replies", type=int, default=3000)
@@ -144,6 +220,13 @@ def main() -> None:
     print(
         f"(a) breaks even if ours spends at most {budget * us:.0f} µs of Python per reply"
         " (building, sealing and handing over its events); delivery.py measures what it spends"
+    )
+    with tempfile.TemporaryDirectory(prefix="gateway-ledger-floor-") as tmp:
+        own, path, unit = asyncio.run(split_b(Path(tmp), args.replies, 3 if args.quick else 5))
+    print(
+        f"(b), CPU per reply in reference units (u = {unit * us:.0f} µs): the three events'"
+        f" own work {own:.2f} u; the gateway path {path:.2f} u; around the events"
+        f" {path - own:.2f} u ({(path - own) / path:.0%} of the path)"
     )
 
 

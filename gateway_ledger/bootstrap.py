@@ -45,7 +45,6 @@ from gateway_ledger.application.delivery.gateway import (
 from gateway_ledger.application.delivery.ledger_ports import (
     EventWriter,
     GoneProof,
-    KeptAggregates,
     LivenessPolicy,
     Loaded,
 )
@@ -63,6 +62,7 @@ from gateway_ledger.application.privacy.erasure import (
     ErasureReport,
     forget_in_ledger,
 )
+from gateway_ledger.application.privacy.ports import KeptAggregates
 from gateway_ledger.application.sessions.keying import is_raw_keys_mode
 from gateway_ledger.application.sessions.retention import SessionPruneReport, prune_sessions
 from gateway_ledger.application.sessions.store import (
@@ -583,6 +583,10 @@ class SessionStore(PrivateEvents, SessionsApplication):
 
     def reading_state_only(self) -> AbstractContextManager[None]:
         return self.private_mapper.state_only()
+
+    @property
+    def kept(self) -> KeptAggregates:
+        return self.decrypted
 
     # -- retention of ended sessions (ADR 0053) ---------------------------------------------
 

@@ -21,6 +21,7 @@ from gateway_ledger.domain.errors import IllegalTransition, InvalidInput, NotFou
 from gateway_ledger.domain.privacy.hashing import KeyedHasher
 from gateway_ledger.domain.sessions.policy import ResetPolicies, ResetPolicy
 from gateway_ledger.domain.sessions.route import SessionKeying
+from gateway_ledger.domain.sessions.session import session_uuid
 from gateway_ledger.domain.sessions.source import SessionSource
 from gateway_ledger.infrastructure.eventstore.store import store_environment
 from gateway_ledger.infrastructure.sessions.secrets import load_or_create_secret, secret_path
@@ -474,3 +475,37 @@ def test_two_processes_resolving_new_sources_end_in_one_session_each(
     started = [t for t in topics if t.endswith("Session.Started")]
     opened = [t for t in topics if t.endswith("SessionRoute.Opened")]
     assert len(started) == len(opened) == n  # no orphan session from the losing process
+
+
+def test_an_append_after_another_writer_lands_after_its_message(
+    store_location: str, secret_dir: Path
+) -> None:
+    """``resolve`` keeps the session it read for the ``append`` that follows (one read
+    instead of two). Another writer (a second store on the same location, as another
+    process) appends in between: the kept copy is then behind the store, its write fails
+    on the version, and the append is made on the session as stored: nothing lost, no
+    sequence number taken twice."""
+    first = open_store(store_location, secret_dir)
+    other = open_store(store_location, secret_dir)
+    try:
+        ctx = first.resolve(ALICE, T0)
+        first.append(ctx, "user", "one", now=T0)
+        ctx = first.resolve(ALICE, T0 + timedelta(seconds=1))  # kept again for its append
+        uuid = session_uuid(ctx.session_id)
+        kept = first.kept.take(uuid)
+        assert kept is not None and kept.version == 2  # Started, one message
+        first.kept.keep(kept)
+        theirs = other.resolve(ALICE, T0 + timedelta(seconds=2))
+        assert theirs.session_id == ctx.session_id
+        assert other.append(theirs, "assistant", "two", now=T0 + timedelta(seconds=2)).seq == 2
+        assert first.append(ctx, "user", "three", now=T0 + timedelta(seconds=3)).seq == 3
+        assert [(m.seq, m.content) for m in first.history(ctx.session_id)] == [
+            (1, "one"),
+            (2, "two"),
+            (3, "three"),
+        ]
+        again = first.kept.take(uuid)  # the copy the last append wrote, current
+        assert again is not None and again.version == 4
+    finally:
+        first.close()
+        other.close()

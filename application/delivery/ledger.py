@@ -31,7 +31,6 @@ from gateway_ledger.application.delivery.interface import claimed_item, media_it
 from gateway_ledger.application.delivery.ledger_ports import (
     EventAppender,
     GoneProof,
-    KeptAggregates,
     LeaseHolder,
     LivenessPolicy,
     Loaded,
@@ -55,7 +54,11 @@ from gateway_ledger.application.privacy.erasure import (
     is_erased,
 )
 from gateway_ledger.application.privacy.policy import PrivacyPolicy
-from gateway_ledger.application.privacy.ports import ErasableSessions, SealingMapper
+from gateway_ledger.application.privacy.ports import (
+    ErasableSessions,
+    KeptAggregates,
+    SealingMapper,
+)
 from gateway_ledger.domain.delivery.obligation import (
     DeliveryObligation,
     obligation_uuid,

@@ -100,13 +100,6 @@ class Loaded(Protocol):
 # -- the ledger, as its use cases see it -------------------------------------------------
 
 
-class KeptAggregates(Protocol):
-    """Aggregates kept decrypted between one write of this process and its next."""
-
-    def take(self, aggregate_id: UUID) -> Any | None: ...
-    def keep(self, aggregate: Any) -> None: ...
-
-
 class EventAppender(Protocol):
     """The one write path: appends an aggregate's new events (sealed, with their keys)."""
 

@@ -18,6 +18,16 @@ from gateway_ledger.application.privacy.policy import PrivacyPolicy
 from gateway_ledger.domain.values import OwnerIdentity
 
 
+class KeptAggregates(Protocol):
+    """Aggregates kept decrypted between one write of this process and its next (the
+    obligations of the synchronous API, the sessions a ``resolve`` read for the ``append``
+    after it), forgotten with their data key. A kept copy may be behind the store: its
+    version is the lock, so a write on top of it fails and the caller reloads."""
+
+    def take(self, aggregate_id: UUID) -> Any | None: ...
+    def keep(self, aggregate: Any) -> None: ...
+
+
 class StoredFirstEvent(Protocol):
     """The stored (sealed) bytes of an aggregate's first event."""
 

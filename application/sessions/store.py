@@ -34,6 +34,7 @@ from eventsourcing.persistence import IntegrityError
 from eventsourcing.utils import get_topic
 
 from gateway_ledger.application.clock import Clock, system_clock
+from gateway_ledger.application.privacy.ports import KeptAggregates
 from gateway_ledger.application.sessions.importing import ImportedKey, key_aggregates
 from gateway_ledger.application.sessions.keying import SessionKeys
 from gateway_ledger.application.sessions.pins import SessionPins
@@ -108,6 +109,19 @@ def auto_continue_from_env(environ: Mapping[str, str] | None = None) -> float:
     except ValueError:
         log.warning("%s=%r is not a number; using %s s", AUTO_CONTINUE_ENV, raw, 3600)
         return DEFAULT_AUTO_CONTINUE_SECONDS
+
+
+class _NothingKept:
+    """Keeps nothing: every change reads its aggregate as stored."""
+
+    def take(self, aggregate_id: UUID) -> Any | None:
+        return None
+
+    def keep(self, aggregate: Any) -> None:
+        return None
+
+
+NOTHING_KEPT: KeptAggregates = _NothingKept()
 
 
 def random_suffix() -> str:
@@ -214,6 +228,13 @@ class SessionsApplication(Application[UUID]):
         text of messages); a sealing mapper honours it, a plain one has nothing to skip."""
         return contextlib.nullcontext()
 
+    @property
+    def kept(self) -> KeptAggregates:
+        """The sessions a ``resolve`` read, kept for the ``append`` after it (one read of
+        the session instead of two); the composition root's store keeps them decrypted
+        and forgets them with their key. Here: nothing is kept."""
+        return NOTHING_KEPT
+
     # -- keys -----------------------------------------------------------------------------------
 
     @property
@@ -292,6 +313,7 @@ class SessionsApplication(Application[UUID]):
                 route = SessionRoute.open(key=key, session_id=session.session_id, now=now)
                 if not self._try_save(route, session, starts_afresh=True):
                     continue  # another process opened this key first: join its session
+                self.kept.keep(session)
                 log.info("session %s opened", session.session_id)
                 return self._context(key, session, source, is_new=True)
             session = self.load_session(route.session_id)
@@ -307,6 +329,7 @@ class SessionsApplication(Application[UUID]):
                 auto_continue_seconds=self.auto_continue_seconds,
             )
             if decision.reset_reason is None:
+                self.kept.keep(session)  # for the append that follows
                 return self._context(
                     key, session, source, should_auto_continue=decision.should_auto_continue
                 )
@@ -600,8 +623,12 @@ class SessionsApplication(Application[UUID]):
         if not isinstance(context, SessionContext):
             raise InvalidInput("context must be a SessionContext from resolve()")
         source = context.source
-        for _ in range(RETRIES):
-            session = self.load_session(context.session_id)
+        uuid = self._session_uuid(context.session_id)
+        for attempt in range(RETRIES):
+            # The first try on the copy ``resolve`` kept, if any: a copy behind the store
+            # fails on its version below, and the next try reads the session as stored.
+            kept = self.kept.take(uuid) if attempt == 0 else None
+            session = kept if isinstance(kept, Session) else self.load_session(context.session_id)
             seq = session.append_message(
                 role=role, content=content, now=now, platform_message_id=platform_message_id
             )
@@ -617,6 +644,7 @@ class SessionsApplication(Application[UUID]):
                     now=now,
                 )
             if self._try_save(session, *([marker] if marker else [])):
+                self.kept.keep(session)
                 return AppendResult(session.session_id, seq, duplicate=False)
             if marker is not None:
                 earlier = self._get(marker.id)
