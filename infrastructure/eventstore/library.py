@@ -226,6 +226,22 @@ def apply_in_order(aggregate: Any, domain_events: Any) -> Any:
     return aggregate
 
 
+def _collect(objs: Sequence[Any]) -> tuple[list[Any], dict[UUID, Any]]:
+    """The events of ``objs`` (aggregates' pending events, events as they are) and the
+    aggregates by id, told apart by class (ADR 0067)."""
+    events: list[Any] = []
+    aggregates: dict[UUID, Any] = {}
+    for obj in objs:
+        if obj is None:
+            continue
+        if isinstance(obj, BaseAggregate):
+            events += obj.collect_events()
+            aggregates[obj.id] = obj
+        else:
+            events.append(obj)
+    return events, aggregates
+
+
 class AppliedInOrder(Repository[UUID]):
     """The library's repository, replaying with :func:`apply_in_order` unless a caller
     names another projector (a snapshot's, an operator's point in time)."""
@@ -333,23 +349,25 @@ class PrivateEvents:
         (``events.put``, the one write path, with ``kwargs``), aggregates to the cache
         where one is kept, then the snapshots now due. An aggregate is told from an event
         by its class, not by the library's runtime-checkable protocols (ADR 0067)."""
-        events: list[Any] = []
-        aggregates: dict[UUID, Any] = {}
-        for obj in objs:
-            if obj is None:
-                continue
-            if isinstance(obj, BaseAggregate):
-                events += obj.collect_events()
-                aggregates[obj.id] = obj
-            else:
-                events.append(obj)
+        events, aggregates = _collect(objs)
         recordings: list[Recording[UUID]] = self.events.put(events, **kwargs)
+        self._after_write(events, aggregates)
+        return recordings
+
+    def store(self, *objs: Any, **kwargs: Any) -> None:
+        """``save`` for a caller that wants no ``Recording``: the write asks the recorder
+        for no notification ids (``events.append``; on PostgreSQL the usual write in three
+        round trips, ADR 0066)."""
+        events, aggregates = _collect(objs)
+        self.sealed_events.append(events, **kwargs)
+        self._after_write(events, aggregates)
+
+    def _after_write(self, events: list[Any], aggregates: dict[UUID, Any]) -> None:
         repository = self.repository
         if repository.cache is not None and not repository.fastforward:
             for aggregate_id, aggregate in aggregates.items():
                 repository.cache.put(aggregate_id, aggregate)
         self.take_snapshots_due(events, aggregates)
-        return recordings
 
     def take_snapshots_due(self, events: Sequence[Any], aggregates: dict[UUID, Any]) -> None:
         """A snapshot of each saved aggregate whose event reached its type's interval, as
