@@ -509,3 +509,27 @@ def test_an_append_after_another_writer_lands_after_its_message(
     finally:
         first.close()
         other.close()
+
+
+def test_an_append_refused_on_a_kept_copy_is_decided_on_the_session_as_stored(
+    store_location: str, secret_dir: Path
+) -> None:
+    """A kept copy that refuses the append (it shows the session ended) does not decide:
+    another writer switched back to the session meanwhile, reopening it, and the append
+    is made on the session as stored."""
+    first = open_store(store_location, secret_dir)
+    other = open_store(store_location, secret_dir)
+    try:
+        ctx = first.resolve(ALICE, T0)
+        first.append(ctx, "user", "one", now=T0)
+        first.reset(ctx.key, now=T0 + timedelta(seconds=1))  # ends it: the key moves on
+        ended = first.load_session(ctx.session_id)
+        assert ended.ended
+        first.kept.keep(ended)  # what this process last saw of it
+        assert other.switch_session(ctx.key, ctx.session_id, now=T0 + timedelta(seconds=2))
+        result = first.append(ctx, "assistant", "two", now=T0 + timedelta(seconds=3))
+        assert (result.session_id, result.seq) == (ctx.session_id, 2)
+        assert [m.content for m in first.history(ctx.session_id)] == ["one", "two"]
+    finally:
+        first.close()
+        other.close()

@@ -634,9 +634,14 @@ class SessionsApplication(Application[UUID]):
             # fails on its version below, and the next try reads the session as stored.
             kept = self.kept.take(uuid) if attempt == 0 else None
             session = kept if isinstance(kept, Session) else self.load_session(context.session_id)
-            seq = session.append_message(
-                role=role, content=content, now=now, platform_message_id=platform_message_id
-            )
+            try:
+                seq = session.append_message(
+                    role=role, content=content, now=now, platform_message_id=platform_message_id
+                )
+            except IllegalTransition:
+                if session is not kept:
+                    raise
+                continue  # refused on the copy: the session as stored decides
             marker = None
             if platform_message_id is not None:
                 chat_ref, message_ref = self._inbound_ids(source.chat_id, platform_message_id)
