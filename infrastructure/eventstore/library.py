@@ -28,7 +28,7 @@ Its generic machinery stays off our paths where it costs more than the work it w
 (ADR 0067): ``Application.save`` tells an aggregate from an event with two
 runtime-checkable protocols, and the repository's default projector asserts one for every
 event it replays; on Python 3.11 each such ``isinstance`` recomputes the protocol's
-members (6 to 15 µs, ten times an event's ``mutate``). :meth:`PrivateEvents.save` does the
+members, which costs more than the event's own ``mutate``. :meth:`PrivateEvents.save` does the
 library's steps with class checks, through public methods only, and the repository
 replays with :func:`apply_in_order`; ``tests/test_library_save.py`` pins both to the
 library's own.
