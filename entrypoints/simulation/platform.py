@@ -90,11 +90,15 @@ StatusSink = Callable[[str, str, datetime, str, str], Awaitable[bool]]
 """``Gateway.report_status(obligation_id, status, at, detail, message_id)``."""
 STATUS_POLL = 0.02
 """Seconds between two looks for owed status webhooks."""
-MAX_STATUS_TRIES = 1500
-"""Deliveries of one status webhook before the platform gives up on it (``done = 2``):
-about 30 s of re-deliveries, as platforms re-deliver a webhook the receiver refused for a
-long while (WhatsApp for days); one refused while its reply was still being sent then lands
-once the reply is delivered, and reopens it."""
+STATUS_REDELIVERY_SECONDS = 120.0
+"""How long the platform re-delivers a status webhook that the gateways refuse before it
+gives up on it (``done = 2``). The time runs from when the webhook was raised, however many
+gateway processes refused it meanwhile: platforms re-deliver on their own schedule, for a
+long while (WhatsApp for days). A webhook refused while its reply is still being sent then
+lands once the reply is delivered, and reopens it. It used to be a count of 1,500
+deliveries, which the run's gateways spent together, each polling: with several of them
+alive, it ran out within about ten seconds. A CI run then lost a part. A backlog reply
+had been paced for 23 s, and its failed first part was never reported."""
 
 
 def _limit_items(
@@ -293,8 +297,8 @@ class SimulatedPlatform(AdapterBase):
             else:  # refused for now; a platform stops re-delivering a webhook at some point
                 conn.execute(
                     "UPDATE callbacks SET claimed_by = NULL, tries = tries + 1,"
-                    " done = CASE WHEN tries + 1 >= ? THEN 2 ELSE 0 END WHERE id = ?",
-                    (MAX_STATUS_TRIES, row_id),
+                    " done = CASE WHEN ? - at >= ? THEN 2 ELSE 0 END WHERE id = ?",
+                    (time.time(), STATUS_REDELIVERY_SECONDS, row_id),
                 )
 
     async def send(
