@@ -29,7 +29,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-CONVERSATIONS = 64
 T0 = datetime(2026, 7, 20, tzinfo=UTC)
 
 
@@ -44,12 +43,15 @@ def main() -> None:
     sys.path.insert(1 if args.code else 0, str(HERE))
     turns = 4 if args.quick else 10  # per conversation, per round
     rounds = 3 if args.quick else 5
-    sessions, delivery, unit = asyncio.run(measure(turns, rounds, args.postgres))
+    with tempfile.TemporaryDirectory(prefix="bench-turn-") as tmp:
+        sessions, delivery, unit = asyncio.run(measure(Path(tmp), turns, rounds, args.postgres))
+    from delivery import CONCURRENCY
+
     import gateway_ledger
 
     code = Path(gateway_ledger.__file__).resolve().parent.parent
     store = "PostgreSQL" if args.postgres else "SQLite"
-    print(f"a turn's CPU, {CONVERSATIONS} conversations, {store}, encryption on ({code}):")
+    print(f"a turn's CPU, {CONCURRENCY} conversations, {store}, encryption on ({code}):")
     print(f"  the sessions' part (resolve, append, append): {sessions:.2f} u")
     print(f"  the reply's delivery (Gateway.deliver):       {delivery:.2f} u")
     print(f"  a turn:                                       {sessions + delivery:.2f} u")
@@ -57,7 +59,7 @@ def main() -> None:
 
 
 async def measure(
-    turns: int, rounds: int, postgres: str | None = None
+    tmp: Path, turns: int, rounds: int, postgres: str | None = None
 ) -> tuple[float, float, float]:
     """Reference units per turn: the sessions' part, the delivery, and the unit."""
     from delivery import CONCURRENCY, Ours, drop_schema, our_location, work
@@ -66,14 +68,12 @@ async def measure(
     from gateway_ledger.bootstrap import SessionStore
     from gateway_ledger.domain.sessions.source import SessionSource
 
-    assert CONCURRENCY == CONVERSATIONS
-    tmp = Path(tempfile.mkdtemp(prefix="bench-turn-"))
     ledger_at, sessions_at = (our_location(tmp, name, postgres) for name in ("turn", "sessions"))
     ours = await Ours.open(ledger_at, encrypt=True)
     store = SessionStore.open(str(sessions_at), secret_dir=tmp / "secrets")
     sources = [
         SessionSource(platform="telegram", chat_id=str(c), user_id=str(c))
-        for c in range(CONVERSATIONS)
+        for c in range(CONCURRENCY)
     ]
     meter = CpuMeter()
 
@@ -88,7 +88,7 @@ async def measure(
         return cpu_seconds() - started
 
     async def delivery(first: int) -> float:
-        return (await ours.segment(first, turns, CONVERSATIONS))[2]
+        return (await ours.segment(first, turns, CONCURRENCY))[2]
 
     try:
         history(0)  # warm-up, both halves
@@ -103,7 +103,7 @@ async def measure(
         for location in (ledger_at, sessions_at):
             drop_schema(location)
     meter.close()
-    done = CONVERSATIONS * turns * rounds
+    done = CONCURRENCY * turns * rounds
     return meter.units("sessions", done), meter.units("delivery", done), meter.unit
 
 

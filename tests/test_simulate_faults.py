@@ -13,8 +13,18 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
+
+from gateway_ledger import DeliveryLedger
+from gateway_ledger.bootstrap import forget_session
+from gateway_ledger.entrypoints.simulation.faults import (
+    Forgotten,
+    recorded_after_erasure,
+    taken_after_erasure,
+)
+from gateway_ledger.entrypoints.simulation.platform import Received
 
 SCRIPT = str(Path(sys.executable).parent / "gateway-ledger")
 
@@ -105,17 +115,6 @@ def test_the_judgment_tells_a_fresh_key_period_from_a_reply_the_erasure_covered(
     the erasure's record, under a fresh key, claimed and sent by another gateway after a
     kill. ADR 0044 lets that reply through as new data; a reply the erasure covered (its
     data under the destroyed key) stays judged."""
-    import time
-
-    from gateway_ledger import DeliveryLedger
-    from gateway_ledger.bootstrap import forget_session
-    from gateway_ledger.entrypoints.simulation.faults import (
-        Forgotten,
-        recorded_after_erasure,
-        taken_after_erasure,
-    )
-    from gateway_ledger.entrypoints.simulation.platform import Received
-
     db = str(tmp_path / "ledger.db")
     ledger = DeliveryLedger.open(db)
     try:
