@@ -25,6 +25,7 @@ from gateway_ledger.entrypoints.simulation.faults import (
     taken_after_erasure,
 )
 from gateway_ledger.entrypoints.simulation.platform import Received
+from gateway_ledger.entrypoints.simulation.report import FaultReport, Report
 
 SCRIPT = str(Path(sys.executable).parent / "gateway-ledger")
 
@@ -146,3 +147,13 @@ def test_the_judgment_tells_a_fresh_key_period_from_a_reply_the_erasure_covered(
         assert taken_after_erasure(claimer, ledger.history("before"), covered)
     finally:
         ledger.close()
+
+
+def test_a_failed_run_names_the_judgments_it_failed_first_in_its_report() -> None:
+    """A CI failure printed a truncated report with ``ok`` at its end: ``failed`` leads."""
+    assert Report(seed=1).failed == [] and Report(seed=1).ok
+    report = Report(seed=1, lost=1, out_of_order=2, faults=FaultReport(erased_sent=1))
+    assert report.failed == ["lost", "out_of_order", "erased_sent"] and not report.ok
+    d = report.to_dict()
+    assert next(iter(d)) == "failed" and d["failed"] == report.failed and d["ok"] is False
+    assert d["erased_sent"] == 1 and "faults" not in d

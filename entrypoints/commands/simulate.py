@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     for name, value in rows:
         print(f"  {name:<{width}}  {value}")
     if not report.ok:
-        print("FAILED")
+        print(f"FAILED: {', '.join(report.failed)}")
     elif report.faults is None:
         print(
             "OK: nothing lost, no unlabelled duplicate, nothing out of order, no rate limit"

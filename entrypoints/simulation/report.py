@@ -96,21 +96,28 @@ class Report:
         return sum(self.audit_problems.values()) - sum(explained.values())
 
     @property
+    def failed(self) -> list[str]:
+        """The names of the judgments this run failed, so that a failure says which."""
+        checks = {
+            "lost": self.lost == 0,
+            "unlabelled_duplicates": self.unlabelled_duplicates == 0,
+            "unexplained_audit_problems": self.unexplained_audit_problems == 0,
+            "unresolved": self.unresolved == 0,
+            "gateway_failures": self.gateway_failures == 0,
+            "out_of_order": self.out_of_order == 0,
+            "rate_limit_violations": self.rate_limit_violations == 0,
+            "bans": self.bans == 0,
+        }
+        failed = [name for name, passed in checks.items() if not passed]
+        return failed + (self.faults.failed if self.faults is not None else [])
+
+    @property
     def ok(self) -> bool:
-        return (
-            self.lost == 0
-            and self.unlabelled_duplicates == 0
-            and self.unexplained_audit_problems == 0
-            and self.unresolved == 0
-            and self.gateway_failures == 0
-            and self.out_of_order == 0
-            and self.rate_limit_violations == 0
-            and self.bans == 0
-            and (self.faults is None or self.faults.ok)
-        )
+        return not self.failed
 
     def to_dict(self) -> dict[str, Any]:
-        d = attrs.asdict(self)
+        # ``failed`` first: a truncated print of the report still says what failed.
+        d = {"failed": self.failed, **attrs.asdict(self)}
         faults = d.pop("faults")
         if faults is not None:  # a --faults run: its figures sit beside the others
             d.update(faults)
@@ -209,12 +216,18 @@ class FaultReport:
     audit_error: str | None = None
 
     @property
+    def failed(self) -> list[str]:
+        """The names of the fault judgments this run failed."""
+        checks = {
+            "erased_sent": self.erased_sent == 0,
+            "unaccounted": self.unaccounted == 0,
+            "poisoned_resent": self.poisoned_resent == 0,
+            "quarantined_unplanted": self.quarantined_unplanted == 0,
+            "forget_errors": not self.forget_errors,
+            "audit_error": self.audit_error is None,
+        }
+        return [name for name, passed in checks.items() if not passed]
+
+    @property
     def ok(self) -> bool:
-        return (
-            self.erased_sent == 0
-            and self.unaccounted == 0
-            and self.poisoned_resent == 0
-            and self.quarantined_unplanted == 0
-            and not self.forget_errors
-            and self.audit_error is None
-        )
+        return not self.failed
