@@ -283,6 +283,53 @@ def test_order_across_a_crash_and_a_claim(tmp_path: Path) -> None:
     assert all(r["at"] < new_at for r in recovered)
 
 
+def test_a_claimed_reply_waits_a_chat_window_from_the_claim_however_long_the_sweep_took(
+    tmp_path: Path,
+) -> None:
+    """The dead owner may have handed a reply's first part to the platform just before it
+    died, so the claimer's re-send to that chat waits one window from the claim, not from
+    when the claimer started: here another connection holds the store's write lock while
+    the gateway starts, and the boot sweep claims long after the start (a loaded
+    ``simulate`` run re-sent a claimed reply 94 ms after its dead owner's hand-off, inside
+    a 100 ms window)."""
+    import sqlite3
+    import threading
+
+    store = str(tmp_path / "ledger.db")
+    owing = subprocess.Popen(
+        [sys.executable, CHILD, "owe", store], stdout=subprocess.PIPE, text=True
+    )
+    assert owing.stdout is not None and owing.stdout.readline().strip() == "recorded"
+    owing.send_signal(signal.SIGKILL)  # two replies to chat 7 owed, none sent
+    owing.wait()
+    window = Limit(1, 0.3)
+    platform = Platform(RateLimits(per_chat=window))
+    released: list[float] = []
+
+    async def main() -> None:
+        async with Gateway.open(store) as gw:
+            holder = sqlite3.connect(store, isolation_level=None, check_same_thread=False)
+            holder.execute("BEGIN IMMEDIATE")  # the write lock: the sweep's claim waits
+
+            def release() -> None:
+                time.sleep(0.8)
+                released.append(time.monotonic())
+                holder.execute("COMMIT")
+                holder.close()
+
+            unlock = threading.Thread(target=release)
+            unlock.start()
+            report = await gw.start([platform])
+            unlock.join()
+            assert report.claimed == 2 and report.redelivered == 2
+            await gw.flush()
+
+    asyncio.run(main())
+    first, second = (at for _, _, at in platform.handoffs)
+    assert first - released[0] >= window.per  # the claims were made after the release
+    assert second - first >= window.per
+
+
 def test_the_bound_gives_up_only_the_stuck_reply_not_a_live_gateways_behind_it() -> None:
     """A chat's replies spread over a killed gateway (stuck), another live gateway and
     this one, in that order: at the bound this reply gives up the stuck one only, then

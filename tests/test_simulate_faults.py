@@ -11,6 +11,7 @@ quarantined, the poisoned replies not sent again, the audit naming each poisoned
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -157,3 +158,22 @@ def test_a_failed_run_names_the_judgments_it_failed_first_in_its_report() -> Non
     d = report.to_dict()
     assert next(iter(d)) == "failed" and d["failed"] == report.failed and d["ok"] is False
     assert d["erased_sent"] == 1 and "faults" not in d
+
+
+def test_a_passing_run_removes_its_directory_and_a_failed_one_keeps_it_for_diagnosis() -> None:
+    """The run's directory holds a store and its key file: gone after a passing run.
+    A failed run's journals and logs are what tells which send went wrong: kept, named."""
+    from gateway_ledger.entrypoints.simulation.driver import Simulation
+    from gateway_ledger.entrypoints.simulation.report import SimulationConfig
+
+    passing = Simulation(SimulationConfig(conversations=2, turns=1))
+    (passing.run_dir / "ledger.db.key").write_bytes(b"k")
+    report = Report(seed=1, db=passing.db)
+    passing.tidy(report)
+    assert not passing.run_dir.exists() and report.db == "" and report.kept == ""
+    failed = Simulation(SimulationConfig(conversations=2, turns=1))
+    report = Report(seed=1, db=failed.db, lost=1)
+    failed.tidy(report)
+    assert failed.run_dir.is_dir() and report.kept == str(failed.run_dir)
+    assert report.db == failed.db and report.to_dict()["kept"] == report.kept
+    shutil.rmtree(failed.run_dir)

@@ -886,6 +886,7 @@ class Courier:
             return DeliveryOutcome(status="failed", obligation_id=oid)
         self.counters.recovered += 1
         place = self.pacer.enter(oid, agg.target, agg.recorded_at)
+        self.pacer.claimed(place)
         return Flight(agg=agg, adapter=adapter, lease_epoch=lease_epoch, place=place)
 
     async def send_recovered(self, prepared: Flight | DeliveryOutcome) -> DeliveryOutcome:

@@ -486,6 +486,12 @@ class Pacer:
             place.state = FOREIGN
             self._wake(place.key)
 
+    def claimed(self, place: Place) -> None:
+        """This gateway claimed the reply from an owner that died or lost its lease: the
+        owner may have handed it (or another reply) to the chat just before, however long
+        ago this gateway began, so the chat's window counts as full from the claim."""
+        self._handed_over(place.key)
+
     def _wake(self, key: TargetKey) -> None:
         event = self.changed.pop(key, None)
         if event is not None:

@@ -115,8 +115,10 @@ def run(args: argparse.Namespace) -> int:
         ("ledger faults", report.ledger_faults),
         ("gateway processes that failed", report.gateway_failures),
         ("throughput", f"{report.obligations_per_second} obligations/s in {report.seconds} s"),
-        ("store", report.db),
+        ("store", report.db or "the run's own, removed"),
     ]
+    if report.kept:
+        rows.append(("kept for diagnosis", report.kept))
     if report.faults is not None:
         rows[-3:-3] = fault_rows(report.faults)
     width = max(len(name) for name, _ in rows)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -133,10 +134,23 @@ class Simulation:
 
     def run(self) -> Report:
         try:
-            return self._run()
+            report = self._run()
         finally:
             if self.faults is not None:
                 self.faults.close()
+        self.tidy(report)
+        return report
+
+    def tidy(self, report: Report) -> None:
+        """A passing run's directory goes (its store too, unless ``--db`` named one): it
+        holds a store and its key file. A failed run's stays, named in the report: its
+        journals, logs and store are what tells which send went wrong."""
+        if not report.ok:
+            report.kept = str(self.run_dir)
+            return
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        if self.config.db is None:
+            report.db = ""
 
     def record_backlog(self) -> None:
         """The backlog phase (``--backlog``): one gateway with no platform connected records

@@ -51,6 +51,10 @@ class Report:
     seconds: float = 0.0
     obligations_per_second: float = 0.0
     db: str = ""
+    """The store; empty when it was the run's own, removed with the run's directory."""
+    kept: str = ""
+    """A failed run's directory, kept: the platforms' journals, the gateways' logs and,
+    without ``--db``, the store. A passing run's is removed."""
     reconcile: bool = True
     platforms: dict[str, PlatformReport] = attrs.field(factory=dict)
     """Per platform: possible duplicates labelled, and what reconciliation answered."""
