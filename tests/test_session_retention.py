@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from eventsourcing.persistence import IntegrityError
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from gateway_ledger.application.sessions.admin import list_sessions, show_key
@@ -167,6 +167,9 @@ def test_no_current_session_is_ever_pruned_and_views_equal_their_rebuild(
         deadline=None,
         suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
     )
+    # Random steps need not prune at all (a CI run drew 20 examples that never did): this
+    # one ends a session and prunes past its end, so the property always prunes for real.
+    @example(steps=[("message", 0), ("reset", 0), ("message", 1), ("prune", 1)], delete=False)
     @given(steps=st.lists(step, min_size=3, max_size=25), delete=st.booleans())
     def prop(steps: list[tuple[int | str, ...]], delete: bool) -> None:
         run = next(runs)
