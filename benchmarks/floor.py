@@ -32,6 +32,12 @@ SQLite) in two, each in reference units (``reference.py``) and timed in turns in
 The difference is what the path around the events costs (issue 21: which half of a
 reply's CPU could still be removed without recording less).
 
+Last, the same three events' own work on one thread, in turns, grouped as (a) commits
+them (one reply per commit) and as (b) does (32), split into building them (the domain's
+commands, no I/O) and storing them (sealing, encoding, the insert and the commit): what
+waiting for a commit per reply costs the Python around it, which no code on the path
+removes (docs/performance.md, *Round 9*).
+
     python benchmarks/floor.py [--replies N] [--quick]
 """
 
@@ -152,12 +158,17 @@ GROUP = 32
 """Replies per commit at (b): ``delivery.py`` measures about 0.03 commits per lifecycle."""
 
 
-def own_work(ledger: DeliveryLedger, first: int, count: int) -> None:
-    """``count`` replies' three events, built, sealed, encoded and stored in groups."""
+def own_work(
+    ledger: DeliveryLedger, first: int, count: int, group: int = GROUP
+) -> tuple[float, float]:
+    """``count`` replies' three events, built, sealed, encoded and stored in groups of
+    ``group``; returns this thread's CPU seconds spent building them and storing them."""
     owner, clock = ledger.owner, ledger.clock
-    for start in range(first, first + count, GROUP):
+    build = store = 0.0
+    for start in range(first, first + count, group):
+        started = time.thread_time()
         aggregates = []
-        for n in range(start, min(start + GROUP, first + count)):
+        for n in range(start, min(start + group, first + count)):
             key, chat, content = work(n, n % CONCURRENCY)
             agg = ledger.new_obligation(
                 obligation_id=compute_obligation_id(key, f"in-{n}", content),
@@ -170,7 +181,35 @@ def own_work(ledger: DeliveryLedger, first: int, count: int) -> None:
             agg.start_attempt(by=owner, now=clock())
             agg.confirm_delivery(by=owner, now=clock(), receipt=[str(n)])
             aggregates.append(agg)
+        built = time.thread_time()
         ledger.store_changes(aggregates)
+        build += built - started
+        store += time.thread_time() - built
+    return build, store
+
+
+def per_commit(tmp: Path, replies: int, turns: int) -> tuple[dict[str, float], float]:
+    """Reference units per reply of the events' own work, built and stored, one reply
+    per commit (``a``) and ``GROUP`` per commit (``b``), the groupings in turns, each
+    turn followed by a unit sample; and the unit in seconds."""
+    meter = CpuMeter()
+    ledger = DeliveryLedger.open(tmp / "per-commit.db", encrypt=True)
+    first = 0
+    try:
+        own_work(ledger, first, replies, 1)  # warm-up
+        first += replies
+        for _ in range(turns):
+            for tag, group in (("a", 1), ("b", GROUP)):
+                build, store = own_work(ledger, first, replies, group)
+                first += replies
+                meter.add(f"{tag} build", build)
+                meter.add(f"{tag} store", store)
+            meter.sample()
+    finally:
+        ledger.close()
+    meter.close()
+    done = replies * turns
+    return {side: meter.units(side, done) for side in meter.seconds}, meter.unit
 
 
 async def split_b(tmp: Path, replies: int, turns: int) -> tuple[float, float, float]:
@@ -227,6 +266,18 @@ def main() -> None:
         f"(b), CPU per reply in reference units (u = {unit * us:.0f} µs): the three events'"
         f" own work {own:.2f} u; the gateway path {path:.2f} u; around the events"
         f" {path - own:.2f} u ({(path - own) / path:.0%} of the path)"
+    )
+    with tempfile.TemporaryDirectory(prefix="gateway-ledger-floor-") as tmp:
+        split, unit = per_commit(Path(tmp), args.replies // 3, 3 if args.quick else 5)
+    a = split["a build"] + split["a store"]
+    b = split["b build"] + split["b store"]
+    print(
+        f"the events' own work per reply, one thread (u = {unit * us:.0f} µs):"
+        f" a commit per reply (as (a)) {split['a build']:.2f} u to build +"
+        f" {split['a store']:.2f} u to store = {a:.2f} u; {GROUP} replies per commit"
+        f" (as (b)) {split['b build']:.2f} + {split['b store']:.2f} = {b:.2f} u;"
+        f" building alone costs {split['a build'] / split['b build']:.1f}x"
+        " when each reply waits for a commit"
     )
 
 

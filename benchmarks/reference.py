@@ -1,11 +1,13 @@
-"""A CPU figure that travels between machines: process CPU time, and a fixed reference.
+"""A CPU figure that damps a shared machine's load: process CPU time, and a fixed reference.
 
 Every delivery-path benchmark reports the CPU time its work cost (``getrusage``: user +
 system time of the whole process, every thread, so the writer thread's commits count)
 per lifecycle, and the same figure divided by the CPU time of a fixed pure-Python
 workload timed in the same run (``reference_unit``). The second figure is "reference
-units per lifecycle": on a machine whose Python runs at half the speed, both the
-lifecycle and the unit take twice as long, and the quotient stays.
+units per lifecycle": when the neighbours or the clock slow this machine's Python down,
+both the lifecycle and the unit take longer, and the quotient stays. Between CPU models
+it does not (ADR 0069): their system calls, flushes and caches differ from their Python
+speed, so a CPU target is judged by before/after pairs on one machine.
 
 The workload does what the gateway's Python does most (ADR 0046, docs/performance.md):
 builds small dicts and tuples, formats and joins strings, looks names up, calls small

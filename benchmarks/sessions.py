@@ -5,7 +5,7 @@ Pairs measured in one run (targets: each pair within 1.5x):
 - history(last=50) of a session holding 50 vs 10,000 messages.
 
 Each operation's process CPU is printed too, in reference units ("u", ``reference.py``,
-timed in the same run), so figures from two machines compare (ADR 0062).
+timed in the same run), so runs on one machine compare from hour to hour (ADR 0069).
 
     python benchmarks/sessions.py [--quick] [--location postgresql://...?schema=bench]
 """
