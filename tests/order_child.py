@@ -7,6 +7,9 @@
 - ``recover``: start with a slow platform (each hand-off journalled, then 0.4 s before it
   answers): the boot sweep claims the dead gateway's replies and re-sends them, slowly;
   print ``started`` once the sweep has claimed, then finish and exit.
+- ``hold``: start with a platform whose chat window is a minute long: the boot sweep
+  claims the dead gateway's replies, which then wait for the window; print ``claimed N``
+  and wait to be killed before any is sent (ADR 0070).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gateway_ledger.application.delivery.ports import AdapterBase, Reply, ReplyContext, SendResult
+from gateway_ledger.application.delivery.rate_limits import Limit, RateLimits
 from gateway_ledger.bootstrap import Gateway
 from gateway_ledger.domain.values import DeliveryTarget, MediaItem
 
@@ -76,9 +80,24 @@ async def recover(store: str, journal: str) -> None:
     await gw.close()
 
 
+async def hold(store: str, journal: str) -> None:
+    gw = Gateway.open(store)
+    platform = JournalPlatform(journal)
+    platform.rate_limits = RateLimits(per_chat=Limit(1, 60.0))
+    task = asyncio.create_task(gw.start([platform]))
+    deadline = time.monotonic() + 15
+    while gw.stats().recovered < 2 and time.monotonic() < deadline:  # waiting their window
+        await asyncio.sleep(0.01)
+    print(f"claimed {gw.stats().recovered}", flush=True)
+    await task
+    await asyncio.sleep(600)  # killed long before
+
+
 if __name__ == "__main__":
     role, store = sys.argv[1], sys.argv[2]
     if role == "owe":
         asyncio.run(owe(store))
+    elif role == "hold":
+        asyncio.run(hold(store, sys.argv[3]))
     else:
         asyncio.run(recover(store, sys.argv[3]))

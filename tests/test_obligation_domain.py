@@ -74,6 +74,7 @@ STORED_EVENTS = (
     "Imported",
     "Waited",
     "OrderReleased",
+    "RecoverySendStarted",
 )
 
 

@@ -802,3 +802,105 @@ def test_every_command_refuses_a_naive_time(command: Any) -> None:
     with pytest.raises(InvalidInput, match="timezone-aware"):
         command(agg)
     assert agg.collect_events() == []
+
+
+# -- the recovery budget: spent by claims whose send started (ADR 0070) ----------------------
+
+D = OwnerIdentity(host="gw-d", boot_id="d", pid=13, start_time=400)
+E = OwnerIdentity(host="gw-e", boot_id="e", pid=14, start_time=500)
+
+
+def test_a_claim_whose_send_never_started_spends_no_recovery_attempt(track: Any) -> None:
+    """Gateways killed while a claimed reply waited for its turn (a backlog paced by the
+    platform's limits) left it unsent: each next claim takes the last one's place."""
+    t = track(record())
+    agg = t.agg
+    claimers = [B, C, D, E, B, C]  # more claims than the policy's three attempts
+    for n, claimer in enumerate(claimers):
+        agg.claim(by=claimer, now=at(n + 1), policy=POLICY, records_send=True)
+        claimed = t.new_events()[-1]
+        assert (claimed.recovery_attempt, claimed.records_send) == (1, True)
+        assert agg.claim_unsent and not agg.recovery_spent(POLICY)
+    assert agg.recovery_attempts == 1 and agg.fence == len(claimers)
+
+
+def test_claims_whose_sends_started_reach_max_attempts_as_before(track: Any) -> None:
+    """A reply that kills every gateway that sends it is still abandoned after three."""
+    t = track(record())
+    agg = t.agg
+    for n, claimer in enumerate([B, C, D]):
+        agg.claim(by=claimer, now=at(2 * n + 1), policy=POLICY, records_send=True)
+        assert agg.recovery_attempts == n + 1
+        agg.start_recovery_send(by=claimer, now=at(2 * n + 2))
+        assert not agg.claim_unsent
+    assert names(t.new_events())[-2:] == ["Claimed", "RecoverySendStarted"]
+    assert agg.recovery_spent(POLICY)
+    with pytest.raises(IllegalTransition, match="3 recovery claims already"):
+        agg.claim(by=E, now=at(9), policy=POLICY, records_send=True)
+    assert t.new_events() == []
+
+
+def test_an_unsent_claim_in_between_does_not_count_but_the_others_do(track: Any) -> None:
+    t = track(record())
+    agg = t.agg
+    agg.claim(by=B, now=at(1), policy=POLICY, records_send=True)
+    agg.start_recovery_send(by=B, now=at(2))  # B sends, and dies
+    agg.claim(by=C, now=at(3), policy=POLICY, records_send=True)  # C dies before its send
+    agg.claim(by=D, now=at(4), policy=POLICY, records_send=True)  # takes C's place
+    assert agg.recovery_attempts == 2
+    agg.start_recovery_send(by=D, now=at(5))
+    agg.claim(by=E, now=at(6), policy=POLICY, records_send=True)
+    assert [e.recovery_attempt for e in t.new_events() if type(e).__name__ == "Claimed"] == [
+        1,
+        2,
+        2,
+        3,
+    ]
+    assert not agg.recovery_spent(POLICY)  # E's send has not started: E may be replaced
+    agg.start_recovery_send(by=E, now=at(7))
+    assert agg.recovery_spent(POLICY)
+
+
+def test_a_claim_without_records_send_spends_its_attempt_at_once(track: Any) -> None:
+    """Upstream's callers send straight after ``sweep_recoverable``: their claim is the
+    last record before the send, so it counts, as it always did."""
+    t = track(record())
+    agg = t.agg
+    for n, claimer in enumerate([B, C, D]):
+        agg.claim(by=claimer, now=at(n + 1), policy=POLICY)
+        assert agg.recovery_attempts == n + 1 and not agg.claim_unsent
+    assert t.new_events()[-1].records_send is False
+    assert agg.recovery_spent(POLICY)
+
+
+def test_a_recovery_send_starts_once_per_claim_and_only_by_its_claimer(track: Any) -> None:
+    t = track(record())
+    agg = t.agg
+    with pytest.raises(IllegalTransition, match=r"pending.*recovery send started"):
+        agg.start_recovery_send(by=A, now=at(1))  # nothing claimed
+    agg.claim(by=B, now=at(1), policy=POLICY)
+    with pytest.raises(IllegalTransition, match="no claim that records its send"):
+        agg.start_recovery_send(by=B, now=at(2))  # a claim that did not promise it
+    agg.claim(by=C, now=at(3), policy=POLICY, records_send=True)
+    t.new_events()
+    with pytest.raises(IllegalTransition, match="owned by"):
+        agg.start_recovery_send(by=B, now=at(4))  # fenced out
+    agg.start_recovery_send(by=C, now=at(4))
+    with pytest.raises(IllegalTransition, match="no claim that records its send"):
+        agg.start_recovery_send(by=C, now=at(5))  # once
+    assert names(t.new_events()) == ["RecoverySendStarted"]
+    with pytest.raises(InvalidInput):
+        agg.start_recovery_send(by=C, now=datetime(2026, 1, 1))  # naive time
+    assert t.new_events() == []
+
+
+def test_a_recovery_send_started_says_nothing_new_of_arrivals(track: Any) -> None:
+    """The claim already counted as a send for the marker: starting it changes nothing."""
+    t = track(record())
+    agg = t.agg
+    agg.claim(by=B, now=at(1), policy=POLICY, records_send=True)
+    before = (agg.marker, agg.needs_marker, agg.state)
+    agg.start_recovery_send(by=B, now=at(2))
+    assert (agg.marker, agg.needs_marker, agg.state) == before
+    agg.confirm_delivery(by=B, now=at(3), receipt=["m-1"])
+    assert agg.state is ObligationState.DELIVERED

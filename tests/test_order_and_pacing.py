@@ -17,7 +17,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from gateway_ledger.application.delivery.ports import AdapterBase, Reply, ReplyContext, SendResult
+from gateway_ledger.application.delivery.ports import (
+    DUPLICATE_NOTICE,
+    AdapterBase,
+    Reply,
+    ReplyContext,
+    SendResult,
+)
 from gateway_ledger.application.delivery.rate_limits import Limit, RateLimits
 from gateway_ledger.bootstrap import DeliveryLedger, Gateway
 from gateway_ledger.domain.values import (
@@ -328,6 +334,58 @@ def test_a_claimed_reply_waits_a_chat_window_from_the_claim_however_long_the_swe
     first, second = (at for _, _, at in platform.handoffs)
     assert first - released[0] >= window.per  # the claims were made after the release
     assert second - first >= window.per
+
+
+def test_gateways_killed_while_claimed_replies_waited_spend_none_of_their_recovery_budget(
+    tmp_path: Path,
+) -> None:
+    """ADR 0070: a gateway dies owing two replies to a chat; four gateways in turn claim
+    them at boot and are SIGKILLed while the replies wait for the chat's window, before
+    any send starts. More claims than ``max_attempts``, yet the next gateway sends both,
+    plainly counted: one recovery attempt each, its send's start recorded before it."""
+    store = str(tmp_path / "ledger.db")
+    journal = str(tmp_path / "journal.jsonl")
+    env = {**os.environ, **LEASES}
+    owing = subprocess.Popen(
+        [sys.executable, CHILD, "owe", store], stdout=subprocess.PIPE, text=True, env=env
+    )
+    assert owing.stdout is not None and owing.stdout.readline().strip() == "recorded"
+    owing.send_signal(signal.SIGKILL)
+    owing.wait()
+    for _ in range(LedgerPolicy().max_attempts + 1):
+        holding = subprocess.Popen(
+            [sys.executable, CHILD, "hold", store, journal],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        try:
+            assert holding.stdout is not None
+            assert holding.stdout.readline().strip() == "claimed 2"
+        finally:
+            holding.send_signal(signal.SIGKILL)  # before any send started
+            holding.wait()
+    assert not Path(journal).exists()  # nothing was ever handed to the platform
+
+    async def main() -> None:
+        platform = Platform()
+        async with Gateway.open(store) as gw:
+            report = await gw.start([platform])
+            assert (report.claimed, report.redelivered) == (2, 2)
+            await gw.flush()
+            assert sorted(text for _, text, _ in platform.handoffs) == [
+                f"{DUPLICATE_NOTICE}\nowed 1",  # a claim counts as a possible send
+                f"{DUPLICATE_NOTICE}\nowed 2",
+            ]
+            for status in gw.ledger.list(state="delivered"):
+                history = types(gw, status.obligation_id)
+                assert history.count("Claimed") == LedgerPolicy().max_attempts + 2
+                assert history[-2:] == ["RecoverySendStarted", "Delivered"]
+                claims = fields(gw, status.obligation_id, "Claimed")
+                assert {c["recovery_attempt"] for c in claims} == {1}
+                assert all(c["records_send"] for c in claims)
+
+    asyncio.run(main())
 
 
 def test_the_bound_gives_up_only_the_stuck_reply_not_a_live_gateways_behind_it() -> None:

@@ -151,8 +151,11 @@ def write_every_event_type(ledger: DeliveryLedger, store: SessionStore) -> None:
     ledger.save(obligation)
     claimer = OwnerIdentity(host="other-host", boot_id="b", pid=4242, start_time=1)
     obligation = ledger.repository.get(DeliveryObligation.create_id(oid))
-    obligation.claim(by=claimer, now=ledger.clock(), policy=ledger.policy)
+    obligation.claim(by=claimer, now=ledger.clock(), policy=ledger.policy, records_send=True)
     ledger.save(obligation)  # Claimed: the first owner is fenced out
+    obligation = ledger.repository.get(DeliveryObligation.create_id(oid))
+    obligation.start_recovery_send(by=claimer, now=ledger.clock())
+    ledger.save(obligation)  # RecoverySendStarted
     ledger.mark_delivered(oid, ["late-receipt-PII-4711"], fence=0)  # LateResultReported
     ledger.mark_failed(oid, "late-failure-PII-4711", "ambiguous", fence=0)
     ledger.retry(oid, "operator-label")  # RetryRequested

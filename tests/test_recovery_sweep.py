@@ -99,6 +99,39 @@ def test_claimers_that_keep_dying_reach_max_attempts_and_are_abandoned(
     assert gateway.get("cursed").abandon_reason == "max_attempts"
 
 
+def test_gateways_that_die_before_their_recovery_send_starts_never_exhaust_it(
+    store_location: str,
+) -> None:
+    """ADR 0070: a gateway's sweep claims with ``records_send``; one killed while its
+    claimed reply still waited for its turn spent nothing, however often that happens."""
+    record(DeliveryLedger.open(store_location, owner=dead_owner(), clock=at(T0)), "backlog")
+    for _ in range(5):  # more than max_attempts gateways claim it and die before sending
+        claimer = DeliveryLedger.open(store_location, owner=dead_owner(), clock=at(T0))
+        (item,) = claimer.sweep_recoverable(records_send=True)
+        assert item["attempts"] == 1
+
+    sender = dead_owner()
+    gateway = DeliveryLedger.open(store_location, owner=sender, clock=at(T0))
+    (item,) = gateway.sweep_recoverable(records_send=True)  # still claimable: not abandoned
+    assert gateway.last_sweep is not None and gateway.last_sweep.abandoned == {}
+    obligation = gateway.load("backlog")
+    obligation.start_recovery_send(by=sender, now=T0)  # this one's send starts; it dies
+    gateway.save_transition(obligation, "recovery send started")
+    for n in (2, 3):
+        claimer = DeliveryLedger.open(store_location, owner=dead_owner(), clock=at(T0))
+        (item,) = claimer.sweep_recoverable(records_send=True)
+        assert item["attempts"] == n
+        obligation = claimer.load("backlog")
+        obligation.start_recovery_send(by=claimer.owner, now=T0)
+        claimer.save_transition(obligation, "recovery send started")
+
+    last = DeliveryLedger.open(store_location, clock=at(T0 + timedelta(minutes=5)))
+    assert last.sweep_recoverable(records_send=True) == []
+    assert last.last_sweep is not None and last.last_sweep.abandoned == {"max_attempts": 1}
+    status = last.get("backlog")
+    assert (status.abandon_reason, status.recovery_attempts) == ("max_attempts", 3)
+
+
 def test_failed_by_a_dead_owner_is_claimed_with_the_marker_its_history_implies(
     store_location: str,
 ) -> None:

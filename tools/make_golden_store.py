@@ -371,6 +371,26 @@ def write_ledger(location: Path, clock: Clock, keys: dict[str, str]) -> None:
             w.ledger(D), [row], host=D.host, boot_id=D.boot_id, source="hermes", now=clock.now
         )
 
+        # Recovered by gateways that record their sends (0.4.0, ADR 0070): its owner died;
+        # a first claimer died before its send started (no recovery attempt spent); the
+        # second claim took that one's place, started its send (RecoverySendStarted) and
+        # died; a third claim spends a second attempt.
+        clock.at(1004 + 25 * 3600)
+        recorder, first, second, third = owner(3001), owner(3002), owner(3003), owner(3004)
+        record(w.ledger(recorder), "g-recovered", dm)
+        previous = recorder
+        for i, claimer in enumerate((first, second, third)):
+            clock.at(1005 + 25 * 3600 + i)
+            w.ledger(claimer).sweep_recoverable(
+                clock.now, liveness=only_dead(previous), records_send=True
+            )
+            previous = claimer
+            if claimer == second:
+                sending = w.ledger(second)
+                recovered = sending.load("g-recovered")
+                recovered.start_recovery_send(by=second, now=clock.now)
+                sending.save_transition(recovered, "recovery send started")
+
         # Recorded and delivered in clear (encrypt=False).
         clock.at(1100 + 25 * 3600)
         plain = DeliveryLedger.open(

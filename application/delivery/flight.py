@@ -590,10 +590,18 @@ class Courier:
                 mark = mark or verdict == OWNER_UNPROVEN
             text = render_duplicate_notice(adapter, part.text) if mark else part.text
             key = send_key(agg.obligation_id, part.index, single) if keyed else None
+            # A claim that records its send spends its recovery attempt only now: after
+            # every wait, holding the bot's turn, before the hand-off (ADR 0070).
+            recovery = agg.claim_unsent
+            start = (lambda: self._start_recovery_send(flight)) if recovery else None
             # The last await before the send: the instant it counts is the hand-off's.
             if self.pacer.paces(target):  # asked again: a pause may have come in meanwhile
-                waited, why = await self.pacer.hand_off(target, under_way=n > 0)
+                waited, why = await self.pacer.hand_off(target, under_way=n > 0, before=start)
                 self._note_wait(flight, why, waited)
+            elif start is not None:
+                await start()
+            if recovery and (flight.erased or flight.conflicted):
+                return self._recovery_send_stopped(flight, receipt)
             with tracing.span("send", obligation=agg, part=part.index) as opened:
                 result = await self._platform_send(adapter, target, text, part, agg, key)
                 tracing.annotate(opened, error_class=result.error_class)
@@ -631,6 +639,24 @@ class Courier:
             obligation_id=agg.obligation_id,
             message_ids=tuple(receipt),
             ledger_fault=not flight.tracked,
+        )
+
+    async def _start_recovery_send(self, flight: Flight) -> None:
+        """Record that the send of a reply claimed with ``records_send`` starts: only now
+        does the claim spend a recovery attempt (ADR 0070). A write that does not land
+        is a fault, and the send goes on, as every send does on a fault."""
+        agg = flight.agg
+        self._apply(flight, lambda: agg.start_recovery_send(by=self.owner, now=self._now()))
+        await self._write(flight, "recovery send")
+
+    def _recovery_send_stopped(self, flight: Flight, receipt: list[str]) -> DeliveryOutcome:
+        """The recovery send's record did not land: the session was erased meanwhile, or
+        another writer (an operator, a sweep) took the obligation; nothing is sent."""
+        if flight.erased:
+            return self._erased(flight.oid, "recovery send")
+        log.info("obligation %s superseded before its recovery send", flight.oid)
+        return DeliveryOutcome(
+            status="superseded", obligation_id=flight.agg.obligation_id, message_ids=tuple(receipt)
         )
 
     def lease_epoch(self) -> int:

@@ -373,10 +373,15 @@ class Gateway:
     def _run_sweep(self, platforms: frozenset[str]) -> tuple[list[dict[str, Any]], Any]:
         """The sweep's items and its counters (None from a sweep that keeps none)."""
         own = self._sweep == self.ledger.sweep_recoverable
-        if own:
-            self.ledger.last_sweep = None
-        items = list(self._sweep(self._now(), deliverable_platforms=platforms))
-        return items, self.ledger.last_sweep if own else None
+        if not own:
+            return list(self._sweep(self._now(), deliverable_platforms=platforms)), None
+        self.ledger.last_sweep = None
+        # The courier records each claimed reply's send start before sending it, after
+        # its waits: a claim that a killed gateway never sent spends nothing (ADR 0070).
+        items = self.ledger.sweep_recoverable(
+            self._now(), deliverable_platforms=platforms, records_send=True
+        )
+        return items, self.ledger.last_sweep
 
     async def close(self) -> None:
         """Stop scheduled retries (the boot sweep owns them now) and flush the writer."""

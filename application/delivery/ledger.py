@@ -413,11 +413,15 @@ class DeliveryLedger(Application[UUID], ABC):
         *,
         deliverable_platforms: Collection[str] | None = None,
         liveness: LivenessPolicy | None = None,
+        records_send: bool = False,
     ) -> list[dict[str, Any]]:
         """Claim what dead owners left unresolved; returns only what this call won.
 
         Counters of the sweep are in ``last_sweep``. ``deliverable_platforms=None`` means
         every platform is connected; ``liveness`` replaces the local /proc judgement.
+        ``records_send``: the caller records each claimed reply's send start before it
+        sends (``start_recovery_send``, as the gateway does), so a claim whose send never
+        started spends no recovery attempt (ADR 0070); upstream's callers send at once.
         """
         run_id = causes.new_id()
         started = time.perf_counter()
@@ -430,6 +434,7 @@ class DeliveryLedger(Application[UUID], ABC):
                 now,
                 deliverable_platforms=deliverable_platforms,
                 liveness=liveness or self.liveness,
+                records_send=records_send,
             )
             tracing.annotate(opened, claimed=len(won), abandoned=self.last_sweep.abandoned_total)
         self.measures.sweeps.observe(time.perf_counter() - started)

@@ -353,18 +353,30 @@ class Pacer:
         return await self._wait_free(target, take=False)
 
     async def hand_off(
-        self, target: DeliveryTarget, *, under_way: bool = False
+        self,
+        target: DeliveryTarget,
+        *,
+        under_way: bool = False,
+        before: Callable[[], Awaitable[object]] | None = None,
     ) -> tuple[float, str]:
         """Wait until a hand-off to ``target`` fits every limit and pause, then count it.
 
         Call it as the last step before ``adapter.send``: no await may come between the
         two, so the instant counted is the hand-off the platform sees. Returns the seconds
         waited and why (the last thing that held it: ``rate`` or ``pause``; "" if none).
+        ``before``: awaited once, when the hand-off first fits and this sender holds the
+        bot's turn, and before it is counted; the limits are checked again after it (a
+        recovered reply records there that its send starts, ADR 0070).
         """
-        return await self._wait_free(target, take=True, under_way=under_way)
+        return await self._wait_free(target, take=True, under_way=under_way, before=before)
 
     async def _wait_free(
-        self, target: DeliveryTarget, *, take: bool, under_way: bool = False
+        self,
+        target: DeliveryTarget,
+        *,
+        take: bool,
+        under_way: bool = False,
+        before: Callable[[], Awaitable[object]] | None = None,
     ) -> tuple[float, str]:
         """Sleep until the chat's window and the pauses let a hand-off go; to take one,
         then queue for the bot's window (:class:`Turnstile`: a reply under way first,
@@ -394,6 +406,10 @@ class Pacer:
                     while True:
                         now = self.clock()
                         at, why = self._free_at(target, key, now)
+                        if at <= now and before is not None:
+                            await before()  # holding the turn: nobody takes the windows
+                            before = None
+                            continue  # it took time: a pause may have come in
                         if at <= now or why != WaitReason.RATE.value:
                             break
                         reason = why

@@ -134,8 +134,10 @@ class RecoverySweep:
         deliverable_platforms: Collection[str] | None,
         liveness: LivenessPolicy,
         batch_size: int = MAX_BATCH,
+        records_send: bool = False,
     ) -> None:
         self.ledger = ledger
+        self.records_send = records_send
         self.now = now
         self.platforms = None if deliverable_platforms is None else set(deliverable_platforms)
         self.liveness = liveness
@@ -272,7 +274,7 @@ class RecoverySweep:
         detail = f"recovery sweep: {obligation.recovery_attempts} recovery claims"
         if problem is not None and problem.abandon is not None:
             reason, detail = problem.abandon, ""  # nothing sealed under an erased subject
-        elif obligation.recovery_attempts >= policy.max_attempts:
+        elif obligation.recovery_spent(policy):
             reason = AbandonReason.MAX_ATTEMPTS
         elif policy.is_stale(obligation.recorded_at, self.now):
             reason = AbandonReason.STALE
@@ -285,6 +287,7 @@ class RecoverySweep:
                 now=self.now,
                 policy=policy,
                 previous_owner_gone=self.proven_gone(owner_before),
+                records_send=self.records_send,
             )
         else:
             obligation.abandon(reason=reason, now=self.now, by=self.me, detail=detail)
@@ -354,10 +357,19 @@ def sweep_recoverable(
     *,
     deliverable_platforms: Collection[str] | None = None,
     liveness: LivenessPolicy | None = None,
+    records_send: bool = False,
 ) -> tuple[SweepResult, list[Claim]]:
-    """Run one sweep; returns its counters and the obligations this call won."""
+    """Run one sweep; returns its counters and the obligations this call won.
+    ``records_send``: the caller records each claimed reply's send start before it
+    sends (``start_recovery_send``), so a claim it never sent spends nothing (ADR 0070)."""
     moment = require_aware("now", now if now is not None else ledger.clock())
-    sweep = RecoverySweep(ledger, moment, deliverable_platforms, liveness or ledger.liveness)
+    sweep = RecoverySweep(
+        ledger,
+        moment,
+        deliverable_platforms,
+        liveness or ledger.liveness,
+        records_send=records_send,
+    )
     result, won = sweep.run()
     log.info(
         "sweep: %d candidates, claimed %d, lost races %d, abandoned %s, skipped offline %d, "

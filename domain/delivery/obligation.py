@@ -164,6 +164,10 @@ class DeliveryObligation(Aggregate):
     """How often a platform dropped a send of it after accepting it (each reopened it)."""
     stray_send_possible: bool
     """A claim took it from an owner only presumed gone, whose send may still land."""
+    claim_unsent: bool
+    """Its last claimer records each send's start before sending (``Claimed.records_send``)
+    and has recorded none: that claim reached no platform and spent no recovery attempt
+    (ADR 0070)."""
     paced_seconds: float
     """How long its sends waited for order and for the rate budget (ADR 0065)."""
     released_behind: list[str]
@@ -243,6 +247,7 @@ class DeliveryObligation(Aggregate):
             obligation.status_message_id = None
             obligation.failures_after_acceptance = 0
             obligation.stray_send_possible = False
+            obligation.claim_unsent = False
             obligation.paced_seconds = 0.0
             obligation.released_behind = []
 
@@ -266,6 +271,7 @@ class DeliveryObligation(Aggregate):
             obligation.state = ObligationState.ATTEMPTING
             obligation.owner = self.by
             obligation.send_attempts += 1
+            obligation.claim_unsent = False
             obligation.marker = self.marker_after(obligation.marker)
             obligation.retry_after = None
             obligation.last_transition_at = self.timestamp
@@ -347,7 +353,11 @@ class DeliveryObligation(Aggregate):
         ``previous_owner_gone``: the previous owner's process was proven gone (True), or
         it was only presumed gone, its lease lapsed (False; None in histories written
         before this was recorded): a presumed-gone owner may be paused with a send that
-        still lands, so no later "not arrived" answer can strike its sends off (ADR 0050)."""
+        still lands, so no later "not arrived" answer can strike its sends off (ADR 0050).
+        ``recovery_attempt``: the recovery attempts spent with this one (the decision the
+        policy caps; a claim that took an unsent claim's place has its number, ADR 0070).
+        ``records_send``: the claimer records ``Attempting`` before each send of it, so
+        until one follows, this claim reached no platform (None: not said, as False)."""
 
         by: OwnerIdentity
         previous_owner: OwnerIdentity
@@ -355,6 +365,7 @@ class DeliveryObligation(Aggregate):
         needs_marker: bool
         fence: int
         previous_owner_gone: bool | None = None
+        records_send: bool | None = None
 
         marker_decision = "needs_marker"
 
@@ -371,7 +382,20 @@ class DeliveryObligation(Aggregate):
             obligation.stray_send_possible = obligation.stray_send_possible or not bool(
                 self.previous_owner_gone
             )
+            obligation.claim_unsent = bool(self.records_send)
             obligation.last_transition_at = self.timestamp
+
+    class RecoverySendStarted(Event):
+        """Its claimer, which claimed it with ``records_send``, starts to send it: only now
+        does that claim spend its recovery attempt (ADR 0070). Recorded after every wait
+        for order and rate budget, before the hand-off to the platform. It says nothing
+        new of arrivals: the claim already counted as a send for the marker."""
+
+        by: OwnerIdentity
+        fence: int
+
+        def apply(self, obligation: DeliveryObligation) -> None:
+            obligation.claim_unsent = False
 
     class Waited(Event):
         """Its send waited ``seconds``, and why (a :class:`WaitReason`): behind an earlier
@@ -582,6 +606,7 @@ class DeliveryObligation(Aggregate):
         self.owner = by
         self.fence = fence
         self.recovery_attempts = 0
+        self.claim_unsent = False
         self.retry_after = None
         self.last_transition_at = at
 
@@ -744,6 +769,14 @@ class DeliveryObligation(Aggregate):
         if self.fence > 0 and by != self.owner:
             raise self._refuse("attempting", f"claimed by {self.owner.describe()}; fenced out")
 
+    def check_claim_unsent(self) -> None:
+        """A recovery send starts once per claim, and only after a claim whose claimer
+        records its sends (``Claimed.records_send``)."""
+        if not self.claim_unsent:
+            raise self._refuse(
+                "recovery send started", "no claim that records its send is waiting to send"
+            )
+
     def check_holder(self, transition: str, by: OwnerIdentity) -> None:
         """Only its owner, who is sending it, says how its send was paced."""
         if by != self.owner:
@@ -765,8 +798,21 @@ class DeliveryObligation(Aggregate):
         """A process never claims its own obligation, and claims stop at the policy's cap."""
         if by == self.owner:
             raise self._refuse("claimed", "a process never claims its own obligation")
-        if self.recovery_attempts >= policy.max_attempts:
+        if self.recovery_spent(policy):
             raise self._refuse("claimed", f"{self.recovery_attempts} recovery claims already")
+
+    def recovery_spent(self, policy: LedgerPolicy) -> bool:
+        """Its recovery attempts reached the policy's cap: no more claims, the sweep
+        abandons it (``max_attempts``). A last claim that reached no platform (its
+        claimer recorded no send of it) is not spent: the next claim takes its place, so
+        gateways killed while a reply waited for its turn never use up its budget (ADR
+        0070)."""
+        return self.recovery_attempts >= policy.max_attempts and not self.claim_unsent
+
+    def next_recovery_attempt(self) -> int:
+        """The recovery attempt a claim now spends: one more, or the number of an unsent
+        last claim, whose place it takes (ADR 0070)."""
+        return self.recovery_attempts if self.claim_unsent else self.recovery_attempts + 1
 
     # -- commands ---------------------------------------------------------------------------
 
@@ -908,9 +954,12 @@ class DeliveryObligation(Aggregate):
         now: datetime,
         policy: LedgerPolicy,
         previous_owner_gone: bool = False,
+        records_send: bool = False,
     ) -> None:
         """A recovery sweep takes the obligation over from a dead owner:
-        ``previous_owner_gone`` when its process is proven gone, not only its lease lapsed."""
+        ``previous_owner_gone`` when its process is proven gone, not only its lease lapsed;
+        ``records_send`` when the claimer records ``Attempting`` before it sends (the
+        gateway does; a caller of the upstream API sends straight after the claim)."""
         require_aware("now", now)
         self.check_state("claimed", *UNRESOLVED_STATES)
         self.check_not_quarantined("claimed")
@@ -920,10 +969,11 @@ class DeliveryObligation(Aggregate):
             self.Claimed,
             by=by,
             previous_owner=self.owner,
-            recovery_attempt=self.recovery_attempts + 1,
+            recovery_attempt=self.next_recovery_attempt(),
             needs_marker=after.arrived_before_this_send,
             fence=self.fence + 1,
             previous_owner_gone=bool(previous_owner_gone),
+            records_send=bool(records_send),
             timestamp=now,
         )
 
@@ -1075,6 +1125,17 @@ class DeliveryObligation(Aggregate):
             timestamp=now,
         )
         return True
+
+    def start_recovery_send(self, *, by: OwnerIdentity, now: datetime) -> None:
+        """The claimer starts sending what it claimed with ``records_send``: the claim now
+        spends its recovery attempt (ADR 0070). Before this, a claimer that died spent
+        nothing: the next claim takes its place."""
+        require_aware("now", now)
+        self.check_state("recovery send started", ObligationState.CLAIMED)
+        self.check_not_quarantined("recovery send started")
+        self.check_holder("recovery send started", by)
+        self.check_claim_unsent()
+        self.trigger_event(self.RecoverySendStarted, by=by, fence=self.fence, timestamp=now)
 
     def note_wait(
         self, *, by: OwnerIdentity, now: datetime, reason: WaitReason | str, seconds: float
