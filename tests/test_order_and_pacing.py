@@ -249,6 +249,16 @@ def test_a_bot_pause_and_the_bot_budget_are_shared_through_the_store(
     asyncio.run(main())
 
 
+def owed_by_a_killed_gateway(store: str, env: Mapping[str, str]) -> None:
+    """A gateway process records two replies to chat 7 and is SIGKILLed before sending."""
+    owing = subprocess.Popen(
+        [sys.executable, CHILD, "owe", store], stdout=subprocess.PIPE, text=True, env=env
+    )
+    assert owing.stdout is not None and owing.stdout.readline().strip() == "recorded"
+    owing.send_signal(signal.SIGKILL)  # the crash: two replies owed, none sent
+    owing.wait()
+
+
 def test_order_across_a_crash_and_a_claim(tmp_path: Path) -> None:
     """A gateway dies owing two replies to a chat; another claims them and re-sends them
     slowly; a third, started after the claim, gets a new reply for that chat: it waits
@@ -256,12 +266,7 @@ def test_order_across_a_crash_and_a_claim(tmp_path: Path) -> None:
     store = str(tmp_path / "ledger.db")
     journal = str(tmp_path / "journal.jsonl")
     env = {**os.environ, **LEASES}
-    owing = subprocess.Popen(
-        [sys.executable, CHILD, "owe", store], stdout=subprocess.PIPE, text=True, env=env
-    )
-    assert owing.stdout is not None and owing.stdout.readline().strip() == "recorded"
-    owing.send_signal(signal.SIGKILL)  # the crash: two replies owed, none sent
-    owing.wait()
+    owed_by_a_killed_gateway(store, env)
     recovering = subprocess.Popen(
         [sys.executable, CHILD, "recover", store, journal],
         stdout=subprocess.PIPE,
@@ -346,12 +351,7 @@ def test_gateways_killed_while_claimed_replies_waited_spend_none_of_their_recove
     store = str(tmp_path / "ledger.db")
     journal = str(tmp_path / "journal.jsonl")
     env = {**os.environ, **LEASES}
-    owing = subprocess.Popen(
-        [sys.executable, CHILD, "owe", store], stdout=subprocess.PIPE, text=True, env=env
-    )
-    assert owing.stdout is not None and owing.stdout.readline().strip() == "recorded"
-    owing.send_signal(signal.SIGKILL)
-    owing.wait()
+    owed_by_a_killed_gateway(store, env)
     for _ in range(LedgerPolicy().max_attempts + 1):
         holding = subprocess.Popen(
             [sys.executable, CHILD, "hold", store, journal],
