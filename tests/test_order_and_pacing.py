@@ -453,6 +453,43 @@ def test_a_chats_window_counts_a_send_from_when_it_came_back() -> None:
     asyncio.run(main())
 
 
+def test_what_runs_before_a_hand_off_holds_the_bots_turn_and_the_count_comes_after_it() -> None:
+    """ADR 0070: a recovered reply records that its send starts inside ``hand_off``,
+    once the hand-off fits: nobody else's hand-off on that bot goes meanwhile, and the
+    instant counted (the chat's window) is after the record, not before it."""
+    from gateway_ledger.application.delivery.pacing import Pacer
+
+    async def main() -> None:
+        pacer = Pacer(order_wait=60.0)
+        pacer.add_platform("telegram", RateLimits(per_chat=Limit(1, 0.2)))
+        chat = DeliveryTarget(platform="telegram", chat_id="1")
+        other = DeliveryTarget(platform="telegram", chat_id="2")
+        events: list[tuple[str, float]] = []
+
+        async def record_start() -> None:
+            events.append(("before", time.monotonic()))
+            await asyncio.sleep(0.1)  # a durable write
+            events.append(("recorded", time.monotonic()))
+
+        async def first() -> None:
+            await pacer.hand_off(chat, before=record_start)
+            events.append(("first counted", time.monotonic()))
+
+        async def second() -> None:
+            await asyncio.sleep(0.02)  # queues while the first holds the bot's turn
+            await pacer.hand_off(other)
+            events.append(("second counted", time.monotonic()))
+
+        await asyncio.gather(first(), second())
+        order = [name for name, _ in events]
+        assert order == ["before", "recorded", "first counted", "second counted"]
+        recorded = dict(events)["recorded"]
+        _, why = await pacer.hand_off(chat)  # a window from the count, after the record
+        assert why == "rate" and time.monotonic() - recorded >= 0.2
+
+    asyncio.run(main())
+
+
 def test_status_shows_the_bot_pauses_and_the_gateways_sharing_each_bot(
     store_location: str,
 ) -> None:
