@@ -116,7 +116,13 @@ def test_a_killed_host_is_recovered_by_two_others_each_obligation_exactly_once(
     by_host = {oid: r["host"] for r in reports for oid, _ in r["sent"]}
     for oid in ids:
         history = ledger.history(oid)
-        assert [h.type for h in history] == ["Recorded", "Attempting", "Claimed", "Delivered"]
+        assert [h.type for h in history] == [
+            "Recorded",
+            "Attempting",
+            "Claimed",
+            "RecoverySendStarted",  # the claimer's send starts: the claim is spent (ADR 0070)
+            "Delivered",
+        ]
         claim = history[2].fields
         assert claim["previous_owner"] == victim_owner and claim["needs_marker"] is True
         assert claim["by"].host == by_host[oid] and claim["fence"] == 1

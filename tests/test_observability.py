@@ -217,8 +217,15 @@ def test_a_recovery_is_a_sweep_with_its_claims_then_a_recover_span(
     assert tree["gateway_ledger.sweep"] == ["gateway_ledger.claim"]
     assert sorted(tree["gateway_ledger.recover"]) == [
         "gateway_ledger.send",
-        "gateway_ledger.settle",
+        "gateway_ledger.settle",  # the recovery send's start, before the send (ADR 0070)
+        "gateway_ledger.settle",  # its delivery, after it
     ]
+    stages = sorted(
+        str(s.attributes["gateway_ledger.stage"])
+        for s in finished
+        if s.name == "gateway_ledger.settle"
+    )
+    assert stages == ["delivered", "recovery send"]
     claim = next(s for s in finished if s.name == "gateway_ledger.claim")
     assert claim.attributes["gateway_ledger.fence"] == 1
     assert claim.attributes["gateway_ledger.state"] == "claimed"
