@@ -58,7 +58,8 @@ class Model:
     state: str | None = None
     owner: int | None = None
     fence: int = 0
-    claims: int = 0
+    claims: int = 0  # the recovery attempts spent: claims whose send started (ADR 0070)
+    claim_unsent: bool = False  # the last claim promised to record its send, and has not
     send_attempts: int = 0
     marker: Marker = NOTHING_SENT
     content: str | None = None  # what the first record said
@@ -96,7 +97,10 @@ class Model:
         if command in ("deliver", "fail"):
             return s in ("attempting", "claimed")
         if command == "claim":
-            return s in UNRESOLVED and by != self.owner and self.claims < POLICY.max_attempts
+            spent = self.claims >= POLICY.max_attempts and not self.claim_unsent
+            return s in UNRESOLVED and by != self.owner and not spent
+        if command == "start recovery send":
+            return s == "claimed" and by == self.owner and self.claim_unsent
         if command == "abandon":
             return s in UNRESOLVED
         raise AssertionError(command)
@@ -207,23 +211,40 @@ class ObligationMachine(RuleBasedStateMachine):
             return
         if self._run("fail", by, call):
             self.model.state = "failed"
+            self.model.claim_unsent = False  # a result of the claimer's send: it started
             self.model.happened("Failed", SendFact.failure(classification))
 
-    @rule(by=owner_index)
-    def claim(self, by: int) -> None:
+    @rule(by=owner_index, records_send=st.booleans())
+    def claim(self, by: int, records_send: bool) -> None:
         ledger = self.ledgers[by]
 
         def call() -> None:
             obligation = ledger.load(OID)
-            obligation.claim(by=ledger.owner, now=ledger.clock(), policy=ledger.policy)
+            obligation.claim(
+                by=ledger.owner, now=ledger.clock(), policy=ledger.policy, records_send=records_send
+            )
             ledger.save_transition(obligation, "claimed")
 
         if self._run("claim", by, call):
             m = self.model
             m.state, m.owner = "claimed", by
             m.fence += 1
-            m.claims += 1
-            m.happened("Claimed", SendFact.STARTED)  # the claimer sends at once
+            m.claims += 0 if m.claim_unsent else 1  # an unsent claim's place is taken
+            m.claim_unsent = records_send
+            m.happened("Claimed", SendFact.STARTED)  # the marker: as if sent at once
+
+    @rule(by=owner_index)
+    def start_recovery_send(self, by: int) -> None:
+        ledger = self.ledgers[by]
+
+        def call() -> None:
+            obligation = ledger.load(OID)
+            obligation.start_recovery_send(by=ledger.owner, now=ledger.clock())
+            ledger.save_transition(obligation, "recovery send started")
+
+        if self._run("start recovery send", by, call):
+            self.model.claim_unsent = False
+            self.model.happened("RecoverySendStarted")
 
     @rule(by=owner_index, reason=st.sampled_from(list(AbandonReason)))
     def abandon(self, by: int, reason: AbandonReason) -> None:

@@ -166,8 +166,8 @@ class DeliveryObligation(Aggregate):
     """A claim took it from an owner only presumed gone, whose send may still land."""
     claim_unsent: bool
     """Its last claimer records each send's start before sending (``Claimed.records_send``)
-    and has recorded none: that claim reached no platform and spent no recovery attempt
-    (ADR 0070)."""
+    and neither that start nor any result of a send of it is on record: that claim reached
+    no platform and spent no recovery attempt (ADR 0070)."""
     paced_seconds: float
     """How long its sends waited for order and for the rate budget (ADR 0065)."""
     released_behind: list[str]
@@ -295,6 +295,7 @@ class DeliveryObligation(Aggregate):
 
         def apply(self, obligation: DeliveryObligation) -> None:
             obligation.delivered_parts[str(self.index)] = list(self.receipt)
+            obligation.claim_unsent = False  # a result of the claimer's send: it started
             obligation.last_transition_at = self.timestamp
 
     class Failed(Event):
@@ -319,6 +320,7 @@ class DeliveryObligation(Aggregate):
             obligation.last_error = self.error
             obligation.error_class = ErrorClass(self.classification)
             obligation.retry_after = self.retry_after
+            obligation.claim_unsent = False  # a result of the claimer's send: it started
             obligation.marker = self.marker_after(obligation.marker)
             obligation.last_transition_at = self.timestamp
 
