@@ -358,8 +358,8 @@ class DeliveryObligation(Aggregate):
         still lands, so no later "not arrived" answer can strike its sends off (ADR 0050).
         ``recovery_attempt``: the recovery attempts spent with this one (the decision the
         policy caps; a claim that took an unsent claim's place has its number, ADR 0070).
-        ``records_send``: the claimer records ``Attempting`` before each send of it, so
-        until one follows, this claim reached no platform (None: not said, as False)."""
+        ``records_send``: the claimer records ``RecoverySendStarted`` before it sends, so
+        until that follows, this claim reached no platform (None: not said, as False)."""
 
         by: OwnerIdentity
         previous_owner: OwnerIdentity
@@ -960,8 +960,8 @@ class DeliveryObligation(Aggregate):
     ) -> None:
         """A recovery sweep takes the obligation over from a dead owner:
         ``previous_owner_gone`` when its process is proven gone, not only its lease lapsed;
-        ``records_send`` when the claimer records ``Attempting`` before it sends (the
-        gateway does; a caller of the upstream API sends straight after the claim)."""
+        ``records_send`` when the claimer records ``RecoverySendStarted`` before it sends
+        (the gateway does; a caller of the upstream API sends straight after the claim)."""
         require_aware("now", now)
         self.check_state("claimed", *UNRESOLVED_STATES)
         self.check_not_quarantined("claimed")
