@@ -5,6 +5,10 @@ Each test opens a ledger here (its key cache then holds the session's key), runs
 cache), and writes again for the same session through one of the write paths: the
 synchronous API, the group-commit writer, and the gateway. The write must raise
 ``SessionErased`` and append nothing; the gateway neither records nor sends the reply.
+
+A subject's first write has no stored key to check: it creates one. The erasure's
+tombstone stands in for it (ADR 0071): a first write that an erasure overtook between
+sealing and commit is refused the same way, on both stores.
 """
 
 from __future__ import annotations
@@ -13,8 +17,11 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from gateway_ledger.application.delivery.ports import Reply, ReplyContext
@@ -22,9 +29,12 @@ from gateway_ledger.bootstrap import DeliveryLedger, Gateway, SessionStore
 from gateway_ledger.domain.errors import LedgerError, SessionErased
 from gateway_ledger.domain.sessions.source import SessionSource
 from gateway_ledger.infrastructure.eventstore.group_commit import GroupCommitWriter
+from gateway_ledger.infrastructure.eventstore.postgres import connect, parse_postgres_url
+from gateway_ledger.infrastructure.privacy.key_table import is_tombstone
 from gateway_ledger.infrastructure.privacy.master_key import MASTER_KEY_ENV
 from gateway_ledger.infrastructure.privacy.private_mapper import ERASED
 from tests.gateway_fakes import ScriptedAdapter
+from tests.test_key_staging import racing
 
 KEY = "agent:main:telegram:dm:70707"
 CHAT = "70707"
@@ -39,8 +49,9 @@ def private_key_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GATEWAY_LEDGER_KEY_FILE", raising=False)
 
 
-def forget_elsewhere(location: str, key: str = KEY) -> None:
-    """``sessions forget`` in a child process: this process's key cache is not told."""
+def forget_elsewhere(location: str, key: str = KEY, *, found: bool = True) -> None:
+    """``sessions forget`` in a child process: this process's key cache is not told.
+    ``found=False``: the subject has nothing stored yet (exit 2, the erasure recorded)."""
     done = subprocess.run(
         [CLI, "sessions", "forget", key, "--db", location],
         capture_output=True,
@@ -48,7 +59,23 @@ def forget_elsewhere(location: str, key: str = KEY) -> None:
         timeout=120,
         env={**os.environ},
     )
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == (0 if found else 2), done.stderr
+
+
+def subject_rows(ledger: DeliveryLedger) -> list[str]:
+    """The key ids in the subject's row of the key table, tombstones included."""
+    ring = ledger.private_mapper.keyring
+    subject = ring.subject_id(KEY)
+    return [key_id for _, (key_id, _) in ring.table.get_many([subject]).items()]
+
+
+def erasing_after_sealing(ledger: DeliveryLedger, location: str) -> list[object]:
+    """From now on, the ledger's first event sealed is followed, before its write commits,
+    by an erasure of its subject in another process; returns the events it sealed."""
+    mapped = ledger.mapper.to_stored_event
+    race = lambda: forget_elsewhere(location, found=False)  # noqa: E731
+    ledger.mapper.to_stored_event, calls = racing(mapped, race)  # type: ignore[method-assign]
+    return calls
 
 
 def record(ledger: DeliveryLedger, oid: str, content: str) -> None:
@@ -158,3 +185,106 @@ def test_the_session_store_refuses_an_append_to_an_erased_session_and_starts_afr
     assert [m.content for m in fresh.history(ctx.session_id)] == [ERASED]
     fresh.close()
     store.close()
+
+
+@pytest.mark.parametrize("before", ["nothing", "an earlier erasure"])
+@pytest.mark.parametrize("path", ["synchronous API", "group-commit writer"])
+def test_a_first_write_an_erasure_overtook_is_refused_and_stores_no_key(
+    store_location: str, path: str, before: str
+) -> None:
+    """The subject's first write seals under a new key (nothing stored yet, or only an
+    earlier erasure's tombstone); an erasure in another process completes before that
+    write commits. The write is refused and leaves no key; a write that begins after the
+    erasure is a new key period (ADR 0071) and is stored."""
+    ledger = DeliveryLedger.open(store_location)
+    if before == "an earlier erasure":
+        forget_elsewhere(store_location, found=False)
+    tombstones = subject_rows(ledger)
+    sealed = erasing_after_sealing(ledger, store_location)
+    if path == "synchronous API":
+        with pytest.raises(SessionErased):
+            record(ledger, "o-during", "made before the erasure, committed after it")
+    else:
+        writer = GroupCommitWriter(ledger)
+        late = ledger.new_obligation(
+            obligation_id="o-during", session_key=KEY, platform="telegram", chat_id=CHAT,
+            content="made before the erasure, committed after it",
+        )  # fmt: skip
+        assert isinstance(writer.submit(late.collect_events()).exception(10), SessionErased)
+        writer.close()
+    assert len(sealed) == 2  # sealed, overtaken (KeyRaceLost), found the new tombstone
+    assert not ledger.exists("o-during")
+    (tombstone,) = subject_rows(ledger)
+    assert is_tombstone(tombstone) and [tombstone] != tombstones  # the racing erasure's
+
+    record(ledger, "o-after", "a message after the erasure")  # no erasure races it now
+    fresh = DeliveryLedger.open(store_location)
+    assert fresh.get("o-after").content == "a message after the erasure"
+    (key_id,) = subject_rows(fresh)
+    assert not is_tombstone(key_id)  # the new key took the tombstone's place
+    fresh.close()
+    ledger.close()
+
+
+def test_the_gateway_neither_records_nor_sends_a_first_reply_an_erasure_overtook(
+    store_location: str,
+) -> None:
+    """The race `simulate --faults` found (docs/privacy.md): the gateway's writer sealed a
+    conversation's first reply under a new key, and the conversation was forgotten
+    elsewhere before the reply committed. It is neither recorded nor sent."""
+    ctx = ReplyContext(session_key=KEY, platform="telegram", chat_id=CHAT)
+
+    async def main() -> None:
+        adapter = ScriptedAdapter()
+        async with Gateway.open(store_location) as gw:
+            await gw.start([adapter])
+            sealed = erasing_after_sealing(gw.ledger, store_location)
+            out = await gw.deliver(ctx, Reply("an answer the user asked to forget"), "in-1")
+            assert out.status == "erased" and len(sealed) > 1  # sealed again, then refused
+            assert adapter.sent == []
+            assert not gw.ledger.exists(str(out.obligation_id))
+            stats = gw.stats()
+            assert (stats.erased, stats.ledger_faults) == (1, 0)
+
+    asyncio.run(main())
+
+
+def test_a_postgres_erasure_waits_for_a_first_key_in_flight_and_destroys_it(pg_url: str) -> None:
+    """A writer inserted the subject's first key and has not committed when the erasure
+    reads the table: the erasure's tombstone waits for that commit, then the erasure
+    deletes the key it had not seen, and leaves its tombstone in its place."""
+    ledger = DeliveryLedger.open(pg_url)
+    ring = ledger.private_mapper.keyring
+    subject = ring.subject_id(KEY)
+    datastore = ledger.recorder.datastore
+    keys = f'"{datastore.schema}".gateway_ledger_subject_keys'
+    destroyed: list[list[str]] = []
+    params = parse_postgres_url(pg_url)
+    with connect(params) as writer, connect(params) as observer:
+        with writer.transaction():
+            writer.execute(
+                f"INSERT INTO {keys} VALUES (%s, %s, %s, %s)",
+                ("k-first", subject, b"wrapped", "2026-12-05T00:00:00+00:00"),
+            )
+            erasure = threading.Thread(target=lambda: destroyed.append(ring.destroy(subject)))
+            erasure.start()
+            deadline = time.monotonic() + 10
+            while not waiting_on_a_lock(observer, keys) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert waiting_on_a_lock(observer, keys), "the erasure did not wait for the writer"
+        erasure.join(timeout=30)
+    assert destroyed == [["k-first"]]
+    (row,) = subject_rows(ledger)
+    assert is_tombstone(row)
+    ledger.close()
+
+
+def waiting_on_a_lock(conn: psycopg.Connection, keys: str) -> bool:
+    """Another session's statement on the key table is waiting for a lock (asked outside
+    any transaction: within one, the server's activity view is read once)."""
+    row = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+        "AND query ILIKE %s AND pid <> pg_backend_pid()",
+        ("%" + keys.split(".")[-1] + "%",),
+    ).fetchone()
+    return bool(row and row[0])

@@ -115,7 +115,7 @@ def test_the_judgment_tells_a_fresh_key_period_from_a_reply_the_erasure_covered(
     """A CI run counted as "taken after the erasure" the reply of a conversation whose
     erasure found no key (its first turn was still being answered): recorded 7 ms before
     the erasure's record, under a fresh key, claimed and sent by another gateway after a
-    kill. ADR 0044 lets that reply through as new data; a reply the erasure covered (its
+    kill. ADR 0071 lets that reply through as new data; a reply the erasure covered (its
     data under the destroyed key) stays judged."""
     db = str(tmp_path / "ledger.db")
     ledger = DeliveryLedger.open(db)

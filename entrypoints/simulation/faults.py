@@ -723,7 +723,7 @@ class FaultPlan:
         if forgotten is None:
             return
         if recorded_after_erasure(history, forgotten, erased=ledger.is_erased(oid)):
-            # New data under a fresh key (ADR 0044): sending it is what the erasure allows.
+            # New data under a fresh key (ADR 0071): sending it is what the erasure allows.
             self.report.recorded_after_erasure += 1
             return
         taken = sum(
@@ -805,7 +805,7 @@ def recorded_after_erasure(
     history: list[HistoryEntry], erasure: Forgotten, *, erased: bool
 ) -> bool:
     """The obligation was recorded once the erasure had begun, under a key the erasure did
-    not destroy (its data still opens): a new key period, which ADR 0044 allows.
+    not destroy (its data still opens): a new key period, which ADR 0071 allows.
 
     The erasure destroys the subject's key and then abandons what was recorded under it
     meanwhile; a process that no longer finds a key creates a fresh one. Such a reply is

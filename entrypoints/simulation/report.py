@@ -182,7 +182,7 @@ class FaultReport:
     the erasure, or refused under its destroyed key. Not owed, so not lost."""
     recorded_after_erasure: int = 0
     """Obligations of a forgotten session recorded once its erasure had begun, under a key
-    the erasure did not destroy: a new key period (ADR 0044), readable and sent like any
+    the erasure did not destroy: a new key period (ADR 0071), readable and sent like any
     reply. Reported, not judged (a write under the destroyed key is refused; one that got
     through would not open, and its send would show the placeholder: ``erased_sent``)."""
     forget_errors: list[str] = attrs.field(factory=list)

@@ -106,7 +106,7 @@ class KeyedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
             if keys.used:
                 require_live_keys(cursor, keys.used)  # SessionErased
             if keys.rows:
-                insert_staged_keys(cursor, keys.rows)  # KeyRaceLost
+                insert_staged_keys(cursor, keys.rows, keys.replacing)  # KeyRaceLost
         statement = self.insert_events_statement
         if not with_ids:
             cursor.executemany(statement, rows)

@@ -34,8 +34,13 @@ from psycopg.pq import TransactionStatus
 from psycopg.types.composite import register_composite
 
 from gateway_ledger.domain.errors import InvalidInput, NotAStore
-from gateway_ledger.infrastructure.privacy.key_table import KEYS_TABLE, KeyRaceLost, erased_among
-from gateway_ledger.infrastructure.privacy.keyring import WriteKeys
+from gateway_ledger.infrastructure.privacy.key_table import (
+    KEYS_TABLE,
+    PG_REPLACE_TOMBSTONE,
+    KeyRaceLost,
+    erased_among,
+)
+from gateway_ledger.infrastructure.privacy.keyring import NewKeyRow, WriteKeys
 
 _SCHEMA_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
@@ -341,6 +346,8 @@ class KeyedPostgresApplicationRecorder(PostgresApplicationRecorder):
             curs.execute(sql.SQL(self._live_keys_check(keys.used)))
             erased_among(keys.used, [_pair(row) for row in curs.fetchall()])
         rows = keys.rows if keys is not None else ()
+        if keys is not None and keys.replacing:
+            rows = self._replace_tombstones(curs, rows, keys.replacing)
         if rows:
             curs.execute(
                 sql.SQL(
@@ -352,6 +359,22 @@ class KeyedPostgresApplicationRecorder(PostgresApplicationRecorder):
             if len(curs.fetchall()) != len(rows):
                 raise KeyRaceLost
         super()._insert_events(curs, stored_events, **kwargs)
+
+    def _replace_tombstones(
+        self, curs: Any, rows: Sequence[NewKeyRow], replacing: Mapping[str, str]
+    ) -> list[NewKeyRow]:
+        """The new keys that take the place of the tombstones their write found (after an
+        erasure, ADR 0071), one UPDATE each: ``KeyRaceLost`` if the tombstone is gone (an
+        erasure or a writer replaced it meanwhile). Returns the other rows, to insert."""
+        statement = sql.SQL(PG_REPLACE_TOMBSTONE).format(self._keys)
+        for subject_id, key_id, wrapped, created_at in rows:
+            if subject_id in replacing:
+                curs.execute(
+                    statement, (key_id, wrapped, created_at, subject_id, replacing[subject_id])
+                )
+                if curs.rowcount != 1:
+                    raise KeyRaceLost
+        return [row for row in rows if row[0] not in replacing]
 
     def _live_keys_check(self, used: Mapping[str, str]) -> str:
         """The stored keys of the subjects in ``used``, read ``FOR KEY SHARE`` (ADR 0028).

@@ -10,6 +10,13 @@ that keeps SQLite from truncating its WAL, or a transaction that keeps ``VACUUM 
 from its lock, leaves it pending, marked in the meta table, and the next erasure or
 ``finish_cleanup`` completes it (ADR 0028). The key itself is gone at once either way.
 
+An erasure leaves a tombstone in the subject's place: a row whose ``key_id`` starts with
+``erased-`` and whose ``wrapped`` is empty, new on every erasure (ADR 0071). A write that
+creates a subject's key inserts it only where the write first found no row, or replaces
+the very tombstone it first found; a write that finds a tombstone it did not first see
+was overtaken by an erasure and is refused (``SessionErased``). The table's unique
+subject serialises the two on both stores, as it serialises two creators of one key.
+
 A new subject's key row is inserted in the same transaction as the events sealed with it,
 by the recorder every write goes through, on both stores (ADRs 0017, 0019, 0023). Where no
 such transaction can carry it (the library's database functions on PostgreSQL, or a
@@ -22,10 +29,12 @@ sequential, so the fsync of the event's own commit makes the earlier key row dur
 from __future__ import annotations
 
 import functools
+import secrets
 import sqlite3
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from gateway_ledger.domain.errors import SessionErased
@@ -44,19 +53,75 @@ SQLITE_INSERT_KEY = (
     f"INSERT OR IGNORE INTO {KEYS_TABLE} (subject_id, key_id, wrapped, created_at) "
     "VALUES (?, ?, ?, ?)"
 )
-"""Ignored when the subject has a key already (a concurrent creator won)."""
+"""Ignored when the subject has a row already (a concurrent creator won, or an erasure)."""
+SQLITE_REPLACE_TOMBSTONE = (
+    f"UPDATE {KEYS_TABLE} SET key_id=?, wrapped=?, created_at=? WHERE subject_id=? AND key_id=?"
+)
+"""A new key in the place of the tombstone the write found (no row changed if another
+erasure replaced that tombstone meanwhile, or another writer replaced it first)."""
+TOMBSTONE_PREFIX = "erased-"
+"""The ``key_id`` of a tombstone: what an erasure leaves in its subject's row (ADR 0071)."""
+
+
+def is_tombstone(key_id: str) -> bool:
+    """Whether a key table row is an erasure's tombstone, not a data key."""
+    return key_id.startswith(TOMBSTONE_PREFIX)
+
+
+def erased_meanwhile(seen: dict[str, str | None], subject_id: str, found: str) -> bool:
+    """The one rule for a write that finds the tombstone ``found`` in a subject's row: it
+    was overtaken by an erasure unless that tombstone is what it first found there.
+
+    ``seen`` holds, per subject, what the write found first, across its attempts: the key
+    it sealed with, the tombstone, or None for no row. A tombstone seen first is an
+    erasure the write began after: its events are new data, sealed under a new key that
+    replaces the tombstone (ADR 0071).
+    """
+    return seen.setdefault(subject_id, found) != found
+
+
+PG_REPLACE_TOMBSTONE = (
+    "UPDATE {} SET key_id=%s, wrapped=%s, created_at=%s WHERE subject_id=%s AND key_id=%s"
+)
+"""PostgreSQL's :data:`SQLITE_REPLACE_TOMBSTONE` (the table's name formatted in)."""
+DESTROY_TRIES = 20
+"""PostgreSQL: times an erasure deletes again when a first key committed under it."""
+
+
+def tombstone_row(subject_id: str) -> tuple[str, str, bytes, str]:
+    """A new tombstone for the subject, as inserted: (subject_id, key_id, wrapped, created_at).
+    Its id is new on every erasure, so a write can tell one erasure from the next."""
+    key_id = TOMBSTONE_PREFIX + secrets.token_hex(12)
+    return subject_id, key_id, b"", datetime.now(UTC).isoformat()
 
 
 class KeyRaceLost(Exception):
     """Another writer stored a key for one of the new subjects first: seal again with it."""
 
 
-def insert_staged_keys(cursor: sqlite3.Cursor, rows: Sequence[tuple[Any, ...]]) -> None:
-    """Insert new key rows in the caller's transaction, before the events sealed with them.
+def insert_staged_keys(
+    cursor: sqlite3.Cursor,
+    rows: Sequence[tuple[Any, ...]],
+    replacing: Mapping[str, str] | None = None,
+) -> None:
+    """Insert new key rows in the caller's transaction, before the events sealed with them;
+    a subject in ``replacing`` (subject -> tombstone id) replaces that tombstone instead.
 
-    Raises ``KeyRaceLost`` if one was ignored (another writer stored it first); the caller's
-    transaction must then roll back.
+    Raises ``KeyRaceLost`` if one was ignored (another writer or an erasure changed the
+    subject's row first); the caller's transaction must then roll back.
     """
+    if not rows:
+        return
+    if replacing:
+        fresh = [row for row in rows if row[0] not in replacing]
+        for subject_id, key_id, wrapped, created_at in (r for r in rows if r[0] in replacing):
+            replaced = cursor.execute(
+                SQLITE_REPLACE_TOMBSTONE,
+                (key_id, wrapped, created_at, subject_id, replacing[subject_id]),
+            )
+            if replaced.rowcount != 1:
+                raise KeyRaceLost
+        rows = fresh
     if rows and cursor.executemany(SQLITE_INSERT_KEY, rows).rowcount != len(rows):
         raise KeyRaceLost
 
@@ -104,7 +169,14 @@ class KeyTable(Protocol):
     def find(self, subject_id: str) -> tuple[str, bytes] | None: ...
     def get(self, subject_id: str, key_id: str) -> bytes | None: ...
     def get_many(self, subject_ids: Sequence[str]) -> dict[str, tuple[str, bytes]]: ...
-    def insert(self, key_id: str, subject_id: str, wrapped: bytes, created_at: str) -> bool: ...
+    def insert(
+        self,
+        key_id: str,
+        subject_id: str,
+        wrapped: bytes,
+        created_at: str,
+        replaces: str | None = None,
+    ) -> bool: ...
     def destroy(self, subject_id: str) -> list[str]: ...
     def finish_cleanup(self) -> bool: ...
     def rows(self) -> list[tuple[str, str, bytes]]: ...
@@ -234,14 +306,27 @@ class SQLiteKeyTable(_OwnConnection):
                 found[str(subject)] = (str(key_id), bytes(wrapped))
         return found
 
-    def insert(self, key_id: str, subject_id: str, wrapped: bytes, created_at: str) -> bool:
-        """Store a new key unless the subject has one (a concurrent creator won): True if ours."""
-        changed = self._write([(SQLITE_INSERT_KEY, (subject_id, key_id, wrapped, created_at))])
-        return changed == 1
+    def insert(
+        self,
+        key_id: str,
+        subject_id: str,
+        wrapped: bytes,
+        created_at: str,
+        replaces: str | None = None,
+    ) -> bool:
+        """Store a new key where the subject has no row, or in the place of the tombstone
+        ``replaces``: True if ours (False: a concurrent creator or erasure came first)."""
+        statement: tuple[str, tuple[Any, ...]] = (
+            (SQLITE_INSERT_KEY, (subject_id, key_id, wrapped, created_at))
+            if replaces is None
+            else (SQLITE_REPLACE_TOMBSTONE, (key_id, wrapped, created_at, subject_id, replaces))
+        )
+        return self._write([statement]) == 1
 
     def destroy(self, subject_id: str) -> list[str]:
-        """Delete, zero the freed space, and truncate the WAL that still held the old page
-        (or leave that pending, if a reader keeps it: see ``finish_cleanup``)."""
+        """Delete, leave a new tombstone in the subject's place, zero the freed space, and
+        truncate the WAL that still held the old page (or leave that pending, if a reader
+        keeps it: see ``finish_cleanup``). Returns the ids of the data keys destroyed."""
         with self._lock:
             conn = self._connection()
             conn.execute("PRAGMA synchronous=FULL")
@@ -253,8 +338,10 @@ class SQLiteKeyTable(_OwnConnection):
                         for r in conn.execute(
                             f"SELECT key_id FROM {KEYS_TABLE} WHERE subject_id=?", (subject_id,)
                         )
+                        if not is_tombstone(str(r[0]))
                     ]
                     conn.execute(f"DELETE FROM {KEYS_TABLE} WHERE subject_id=?", (subject_id,))
+                    conn.execute(SQLITE_INSERT_KEY, tombstone_row(subject_id))
                 except BaseException:
                     conn.execute("ROLLBACK")
                     raise
@@ -312,6 +399,7 @@ class SQLiteKeyTable(_OwnConnection):
         return [
             (str(a), str(b), bytes(c))
             for a, b, c in self._read(f"SELECT key_id, subject_id, wrapped FROM {KEYS_TABLE}", ())
+            if not is_tombstone(str(a))
         ]
 
     def originators_mentioning(self, topics: Sequence[str], needle: bytes) -> list[str]:
@@ -448,7 +536,20 @@ class PostgresKeyTable(_OwnConnection):
                 found[str(subject)] = (str(key_id), bytes(wrapped))
         return found
 
-    def insert(self, key_id: str, subject_id: str, wrapped: bytes, created_at: str) -> bool:
+    def insert(
+        self,
+        key_id: str,
+        subject_id: str,
+        wrapped: bytes,
+        created_at: str,
+        replaces: str | None = None,
+    ) -> bool:
+        if replaces is not None:
+            count, _ = self._run(
+                self.sql.SQL(PG_REPLACE_TOMBSTONE).format(self.keys),
+                (key_id, wrapped, created_at, subject_id, replaces),
+            )
+            return count == 1
         count, _ = self._run(
             self.sql.SQL(
                 "INSERT INTO {} (subject_id, key_id, wrapped, created_at) "
@@ -459,20 +560,35 @@ class PostgresKeyTable(_OwnConnection):
         return count == 1
 
     def destroy(self, subject_id: str) -> list[str]:
-        """Delete durably, then rewrite the table so no dead tuple keeps the wrapped key
-        (or leave that pending, if the table's lock is not free within a second)."""
+        """Delete durably and leave a new tombstone in the subject's place, in one
+        transaction; then rewrite the table so no dead tuple keeps the wrapped key (or leave
+        that pending, if the table's lock is not free within a second). Returns the ids of
+        the data keys destroyed.
+
+        A writer that inserted the subject's first key while this ran (uncommitted when the
+        DELETE read the table) makes the tombstone's insert wait for it and then skip it:
+        the DELETE runs again, now seeing that key, until the tombstone is in place."""
         sql = self.sql
+        delete = sql.SQL("DELETE FROM {} WHERE subject_id=%s RETURNING key_id").format(self.keys)
+        insert = sql.SQL(
+            "INSERT INTO {} (subject_id, key_id, wrapped, created_at) "
+            "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING key_id"
+        ).format(self.keys)
         with self._lock:
             conn = self._connection()
             conn.execute("SET synchronous_commit TO ON")
             try:
-                cur = conn.execute(
-                    sql.SQL("DELETE FROM {} WHERE subject_id=%s RETURNING key_id").format(
-                        self.keys
-                    ),
-                    (subject_id,),
-                )
-                ids = [str(r[0]) for r in cur.fetchall()]
+                ids: list[str] = []
+                with conn.transaction():
+                    for _ in range(DESTROY_TRIES):
+                        cur = conn.execute(delete, (subject_id,))
+                        ids += [str(r[0]) for r in cur.fetchall() if not is_tombstone(str(r[0]))]
+                        if conn.execute(insert, tombstone_row(subject_id)).fetchall():
+                            break
+                    else:
+                        raise RuntimeError(
+                            f"subject {subject_id}: its key row kept changing; not erased"
+                        )
                 self._clean_up(conn)
             finally:
                 conn.execute("SET synchronous_commit TO OFF")
@@ -513,7 +629,7 @@ class PostgresKeyTable(_OwnConnection):
         _, rows = self._run(
             self.sql.SQL("SELECT key_id, subject_id, wrapped FROM {}").format(self.keys), ()
         )
-        return [(str(a), str(b), bytes(c)) for a, b, c in rows]
+        return [(str(a), str(b), bytes(c)) for a, b, c in rows if not is_tombstone(str(a))]
 
     def originators_mentioning(self, topics: Sequence[str], needle: bytes) -> list[str]:
         _, rows = self._run(

@@ -33,7 +33,12 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from eventsourcing.persistence import OperationalError
 
 from gateway_ledger.domain.errors import InvalidInput, LedgerError, SessionErased
-from gateway_ledger.infrastructure.privacy.key_table import KeyRaceLost, KeyTable
+from gateway_ledger.infrastructure.privacy.key_table import (
+    KeyRaceLost,
+    KeyTable,
+    erased_meanwhile,
+    is_tombstone,
+)
 from gateway_ledger.infrastructure.privacy.master_key import (
     derive,
     load_master_key,
@@ -68,16 +73,20 @@ NewKeyRow = tuple[str, str, bytes, str]
 class WriteKeys:
     """The data keys one write seals its events with, handed with the events to the
     recorder: the keys created for it (``keys``; their ``rows`` are stored in the events'
-    transaction, and the keys are shared once it committed), and the stored keys it used
+    transaction, and the keys are shared once it committed), the tombstones those rows
+    replace (``replacing``: subject -> tombstone id), and the stored keys it used
     (``used``: subject -> key id), which that transaction checks are still there
-    (ADR 0028)."""
+    (ADR 0028). ``seen`` is what the write found first in each subject's row, kept
+    across its attempts (see :func:`erased_meanwhile`, ADR 0071)."""
 
-    __slots__ = ("keys", "rows", "used")
+    __slots__ = ("keys", "replacing", "rows", "seen", "used")
 
-    def __init__(self) -> None:
+    def __init__(self, seen: dict[str, str | None] | None = None) -> None:
         self.keys: dict[str, tuple[str, AESGCM]] = {}
         self.rows: list[NewKeyRow] = []
+        self.replacing: dict[str, str] = {}
         self.used: dict[str, str] = {}
+        self.seen: dict[str, str | None] = {} if seen is None else seen
 
 
 def cache_ttl_from_env() -> float:
@@ -242,19 +251,26 @@ class KeyRing:
             return write.keys[subject_id]
         table = self.table
         row = table.find(subject_id)
-        if row is None:
+        seen = write.seen if write is not None else {}
+        replaces = self._tombstone_to_replace(seen, subject_id, row)
+        if row is None or replaces is not None:
             key_id, dek, wrapped, created = self._new_key(subject_id)
             if write is not None:  # stored with the write's events
                 aead = AESGCM(dek)
                 write.keys[subject_id] = (key_id, aead)
                 write.rows.append((subject_id, key_id, wrapped, created))
+                if replaces is not None:
+                    write.replacing[subject_id] = replaces
                 return key_id, aead
-            if table.insert(key_id, subject_id, wrapped, created):
+            if table.insert(key_id, subject_id, wrapped, created, replaces):
                 aead = AESGCM(dek)
+                row = None
                 log.debug("data key created for subject %s", subject_id)
             else:
                 row = table.find(subject_id)  # a concurrent creator won: use its key
                 assert row is not None
+                # ... unless an erasure came first: its tombstone is new, SessionErased
+                self._tombstone_to_replace(seen, subject_id, row)
         if row is not None:
             key_id, wrapped = row
             aead = AESGCM(self._unwrap_key(key_id, subject_id, wrapped))
@@ -262,6 +278,21 @@ class KeyRing:
                 write.used[subject_id] = key_id
         self._cache(subject_id, key_id, aead)
         return key_id, aead
+
+    @staticmethod
+    def _tombstone_to_replace(
+        seen: dict[str, str | None], subject_id: str, row: tuple[str, bytes] | None
+    ) -> str | None:
+        """The tombstone a new key of the subject takes the place of (None: no tombstone
+        found, or a data key); ``SessionErased`` if an erasure overtook the write, i.e. the
+        tombstone is not what the write first found in the subject's row (ADR 0071)."""
+        found = row[0] if row is not None else None
+        if found is None or not is_tombstone(found):
+            seen.setdefault(subject_id, found)
+            return None
+        if erased_meanwhile(seen, subject_id, found):
+            raise SessionErased((subject_id,))
+        return found
 
     def _new_key(self, subject_id: str) -> tuple[str, bytes, bytes, str]:
         key_id = shared_pool.take(12).hex()
@@ -288,11 +319,14 @@ class KeyRing:
         (``WriteKeys.used``): that is passed on, and the destroyed key is forgotten by
         every key ring of the process.
         """
+        seen: dict[str, str | None] = {}  # what each subject's row held when first found
         for _ in range(KEY_RACE_RETRIES):
-            keys = WriteKeys()
+            keys = WriteKeys(seen)
             try:
                 result = write(keys)
             except KeyRaceLost:
+                for subject_id, key_id in keys.used.items():  # sealed from the cache
+                    seen.setdefault(subject_id, key_id)
                 continue
             except SessionErased as erased:
                 for subject_id in erased.subject_ids:
