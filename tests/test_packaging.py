@@ -40,7 +40,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_install_adds_only_the_gateway_ledger_namespace(installed: Path) -> None:
     entries = sorted(p.name for p in installed.iterdir())
-    assert entries == ["bin", "gateway_ledger", "gateway_ledger-0.4.0.dist-info"]
+    assert entries == ["bin", "gateway_ledger", "gateway_ledger-0.5.0.dist-info"]
     assert sorted(p.name for p in (installed / "bin").iterdir()) == ["gateway-ledger"]
     package = installed / "gateway_ledger"
     for layer in ("domain", "application", "projections", "infrastructure", "entrypoints"):

@@ -33,9 +33,9 @@ def release_of(location: str) -> str | None:
 def test_a_writer_notes_its_release_and_never_lowers_it(store_location: str) -> None:
     ledger = DeliveryLedger.open(store_location, owner=owner(9_100_001))
     record(ledger, "r-1")
-    assert release_of(store_location) == running_release() == "0.4.0"
+    assert release_of(store_location) == running_release() == "0.5.0"
     record_release(dialect_for(ledger.recorder), "0.1.5")  # an older writer
-    assert release_of(store_location) == "0.4.0"
+    assert release_of(store_location) == "0.5.0"
     ledger.close()
 
 

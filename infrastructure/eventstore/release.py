@@ -26,7 +26,7 @@ class NewerStore(LedgerError):
     """The store was written by a newer release than the running code: writing refused."""
 
 
-THIS_RELEASE = "0.4.0"
+THIS_RELEASE = "0.5.0"
 """This code's release: ``[project] version`` in pyproject.toml, which a test keeps equal.
 Written here, not read from the installed package's metadata: a process that cannot read
 the metadata (another user, a copied tree, a zipapp) would take itself for release 0 and
