@@ -226,6 +226,37 @@ def test_a_first_write_an_erasure_overtook_is_refused_and_stores_no_key(
     ledger.close()
 
 
+@pytest.mark.parametrize("path", ["synchronous API", "group-commit writer"])
+def test_a_first_reply_made_before_an_erasure_and_sealed_after_it_is_refused(
+    store_location: str, path: str
+) -> None:
+    """A reply made before its session's erasure began, and first sealed only after the
+    erasure finished (a writer's queue, a paused process): it belongs to the forgotten
+    conversation and is refused, although the write found only the tombstone. A reply
+    made after the erasure is new data."""
+    ledger = DeliveryLedger.open(store_location)
+    made_before = ledger.new_obligation(
+        obligation_id="o-made-before", session_key=KEY, platform="telegram", chat_id=CHAT,
+        content="made before the erasure, sealed after it",
+    )  # fmt: skip
+    forget_elsewhere(store_location, found=False)
+    if path == "synchronous API":
+        with pytest.raises(SessionErased):
+            ledger.save(made_before)
+    else:
+        writer = GroupCommitWriter(ledger)
+        refused = writer.submit(made_before.collect_events())
+        assert isinstance(refused.exception(timeout=10), SessionErased)
+        writer.close()
+    assert not ledger.exists("o-made-before")
+    (tombstone,) = subject_rows(ledger)
+    assert is_tombstone(tombstone)
+
+    record(ledger, "o-made-after", "made after the erasure")
+    assert ledger.get("o-made-after").content == "made after the erasure"
+    ledger.close()
+
+
 def test_the_gateway_neither_records_nor_sends_a_first_reply_an_erasure_overtook(
     store_location: str,
 ) -> None:
@@ -236,7 +267,9 @@ def test_the_gateway_neither_records_nor_sends_a_first_reply_an_erasure_overtook
 
     async def main() -> None:
         adapter = ScriptedAdapter()
-        async with Gateway.open(store_location) as gw:
+        # The erasure runs in a child process inside the write: give it time, so that the
+        # refusal reaches the reply before the gateway would send it untracked.
+        async with Gateway.open(store_location, ledger_deadline=60) as gw:
             await gw.start([adapter])
             sealed = erasing_after_sealing(gw.ledger, store_location)
             out = await gw.deliver(ctx, Reply("an answer the user asked to forget"), "in-1")

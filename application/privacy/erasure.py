@@ -70,6 +70,7 @@ DELIVERY_PRIVACY = PrivacyPolicy(
         ),
         subject_from="session_key",
         clear=("obligation_id", "target.platform", "owner"),
+        dated_by_the_ledger=True,
     ),
     InClear(DeliveryObligation.Attempting, ("by", "fence", "guard", "needs_marker")),
     SealedEvent(DeliveryObligation.PartDelivered, ("receipt",), clear=("by", "index", "fence")),
@@ -271,14 +272,16 @@ def forget_in_ledger(
     require_clear_text("requested_by", requested_by, allow_empty=True)
     mapper = ledger.private_mapper
     subject = mapper.keyring.subject_id(session_key)
+    began = ledger.clock()  # a first write made before this is refused (ADR 0071)
     session_ids = sessions.end_for_erasure(session_key) if sessions is not None else []
     abandoned = _abandon_unresolved(ledger, subject)
-    destroyed = mapper.keyring.destroy(subject)
+    destroyed = mapper.keyring.destroy(subject, began)
     truncated = getattr(mapper.keyring.table, "last_checkpoint_complete", None)
     pending = bool(getattr(mapper.keyring.table, "cleanup_pending", False))
     if sessions is not None:
         ring = sessions.private_mapper.keyring
-        destroyed += [k for k in ring.destroy(ring.subject_id(session_key)) if k not in destroyed]
+        gone = ring.destroy(ring.subject_id(session_key), began)
+        destroyed += [k for k in gone if k not in destroyed]
         pending = pending or bool(getattr(ring.table, "cleanup_pending", False))
         other = getattr(ring.table, "last_checkpoint_complete", None)
         truncated = (

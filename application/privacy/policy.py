@@ -27,6 +27,10 @@ class SealedEvent:
     the aggregate need not decrypt them (see ``PrivateMapper.state_only``). ``clear``:
     the event's other fields, stored in clear on purpose (a field in neither list fails
     the policy's completeness test, so a new field cannot slip through unsealed).
+    ``dated_by_the_ledger``: the event's time is the ledger's clock, the clock an erasure
+    dates its tombstone with, so one made before its subject's erasure is refused even
+    when it is the first write after it (ADR 0071). Not for events dated by a caller or a
+    platform (a message): after an erasure, those start new data.
     """
 
     event: type
@@ -34,6 +38,7 @@ class SealedEvent:
     subject_from: str | None = None
     state_free: bool = False
     clear: tuple[str, ...] = ()
+    dated_by_the_ledger: bool = False
 
     @property
     def topic(self) -> str:

@@ -60,8 +60,9 @@ class Keys(Protocol):
     def keyed_name(self, value: str) -> str:
         """The same keyed hash of any value, not remembered (a reply's inbound cause)."""
 
-    def destroy(self, subject_id: str) -> list[str]:
-        """Destroy every data key of the subject; the ids of the keys destroyed."""
+    def destroy(self, subject_id: str, erased_at: datetime | None = None) -> list[str]:
+        """Destroy every data key of the subject, leaving a tombstone of the erasure at
+        ``erased_at``; the ids of the keys destroyed."""
 
     def opening_key(self, subject_id: str, key_id: str) -> object | None:
         """The key that opens what was sealed under ``key_id``; None once destroyed."""

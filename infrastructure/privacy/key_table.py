@@ -68,16 +68,28 @@ def is_tombstone(key_id: str) -> bool:
     return key_id.startswith(TOMBSTONE_PREFIX)
 
 
-def erased_meanwhile(seen: dict[str, str | None], subject_id: str, found: str) -> bool:
-    """The one rule for a write that finds the tombstone ``found`` in a subject's row: it
-    was overtaken by an erasure unless that tombstone is what it first found there.
+def overtaken_by_erasure(
+    seen: dict[str, str | None],
+    subject_id: str,
+    tombstone: str,
+    erased_at: str,
+    made_at: datetime | None,
+) -> bool:
+    """The one rule for a write that finds a ``tombstone`` in a subject's row, left by an
+    erasure at ``erased_at`` (its clock, ISO 8601): the erasure overtook the write unless
+    that tombstone is what the write first found there and the event being sealed was made
+    (``made_at``, its timestamp) after the erasure.
 
     ``seen`` holds, per subject, what the write found first, across its attempts: the key
-    it sealed with, the tombstone, or None for no row. A tombstone seen first is an
-    erasure the write began after: its events are new data, sealed under a new key that
-    replaces the tombstone (ADR 0071).
+    it sealed with, the tombstone, or None for no row. The first test is exact: the
+    erasure came between the write's sealing and its commit. The second covers a reply
+    made before the erasure and sealed after it (a writer's queue, a paused process): it
+    belongs to the conversation the user asked to forget. Anything else is new data,
+    sealed under a new key that takes the tombstone's place (ADR 0071).
     """
-    return seen.setdefault(subject_id, found) != found
+    if seen.setdefault(subject_id, tombstone) != tombstone:
+        return True
+    return made_at is not None and made_at < datetime.fromisoformat(erased_at)
 
 
 PG_REPLACE_TOMBSTONE = (
@@ -88,11 +100,12 @@ DESTROY_TRIES = 20
 """PostgreSQL: times an erasure deletes again when a first key committed under it."""
 
 
-def tombstone_row(subject_id: str) -> tuple[str, str, bytes, str]:
-    """A new tombstone for the subject, as inserted: (subject_id, key_id, wrapped, created_at).
-    Its id is new on every erasure, so a write can tell one erasure from the next."""
+def tombstone_row(subject_id: str, erased_at: datetime | None) -> tuple[str, str, bytes, str]:
+    """A new tombstone for the subject, as inserted: (subject_id, key_id, wrapped, created_at),
+    ``created_at`` the erasure's time (now, if not given). Its id is new on every erasure,
+    so a write can tell one erasure from the next."""
     key_id = TOMBSTONE_PREFIX + secrets.token_hex(12)
-    return subject_id, key_id, b"", datetime.now(UTC).isoformat()
+    return subject_id, key_id, b"", (erased_at or datetime.now(UTC)).isoformat()
 
 
 class KeyRaceLost(Exception):
@@ -166,7 +179,7 @@ class KeyTable(Protocol):
     def get_meta(self, name: str) -> str | None: ...
     def put_meta_once(self, name: str, value: str) -> str: ...
     def probe_write(self) -> None: ...
-    def find(self, subject_id: str) -> tuple[str, bytes] | None: ...
+    def find(self, subject_id: str) -> tuple[str, bytes, str] | None: ...
     def get(self, subject_id: str, key_id: str) -> bytes | None: ...
     def get_many(self, subject_ids: Sequence[str]) -> dict[str, tuple[str, bytes]]: ...
     def insert(
@@ -177,7 +190,7 @@ class KeyTable(Protocol):
         created_at: str,
         replaces: str | None = None,
     ) -> bool: ...
-    def destroy(self, subject_id: str) -> list[str]: ...
+    def destroy(self, subject_id: str, erased_at: datetime | None = None) -> list[str]: ...
     def finish_cleanup(self) -> bool: ...
     def rows(self) -> list[tuple[str, str, bytes]]: ...
     def originators_mentioning(self, topics: Sequence[str], needle: bytes) -> list[str]: ...
@@ -280,11 +293,13 @@ class SQLiteKeyTable(_OwnConnection):
             finally:
                 conn.execute("ROLLBACK")
 
-    def find(self, subject_id: str) -> tuple[str, bytes] | None:
+    def find(self, subject_id: str) -> tuple[str, bytes, str] | None:
+        """The subject's row: (key_id, wrapped, created_at), a data key or a tombstone."""
         rows = self._read(
-            f"SELECT key_id, wrapped FROM {KEYS_TABLE} WHERE subject_id=?", (subject_id,)
+            f"SELECT key_id, wrapped, created_at FROM {KEYS_TABLE} WHERE subject_id=?",
+            (subject_id,),
         )
-        return (str(rows[0][0]), bytes(rows[0][1])) if rows else None
+        return (str(rows[0][0]), bytes(rows[0][1]), str(rows[0][2])) if rows else None
 
     def get(self, subject_id: str, key_id: str) -> bytes | None:
         rows = self._read(
@@ -323,7 +338,7 @@ class SQLiteKeyTable(_OwnConnection):
         )
         return self._write([statement]) == 1
 
-    def destroy(self, subject_id: str) -> list[str]:
+    def destroy(self, subject_id: str, erased_at: datetime | None = None) -> list[str]:
         """Delete, leave a new tombstone in the subject's place, zero the freed space, and
         truncate the WAL that still held the old page (or leave that pending, if a reader
         keeps it: see ``finish_cleanup``). Returns the ids of the data keys destroyed."""
@@ -341,7 +356,7 @@ class SQLiteKeyTable(_OwnConnection):
                         if not is_tombstone(str(r[0]))
                     ]
                     conn.execute(f"DELETE FROM {KEYS_TABLE} WHERE subject_id=?", (subject_id,))
-                    conn.execute(SQLITE_INSERT_KEY, tombstone_row(subject_id))
+                    conn.execute(SQLITE_INSERT_KEY, tombstone_row(subject_id, erased_at))
                 except BaseException:
                     conn.execute("ROLLBACK")
                     raise
@@ -507,12 +522,14 @@ class PostgresKeyTable(_OwnConnection):
         assert stored is not None
         return stored
 
-    def find(self, subject_id: str) -> tuple[str, bytes] | None:
+    def find(self, subject_id: str) -> tuple[str, bytes, str] | None:
         _, rows = self._run(
-            self.sql.SQL("SELECT key_id, wrapped FROM {} WHERE subject_id=%s").format(self.keys),
+            self.sql.SQL("SELECT key_id, wrapped, created_at FROM {} WHERE subject_id=%s").format(
+                self.keys
+            ),
             (subject_id,),
         )
-        return (str(rows[0][0]), bytes(rows[0][1])) if rows else None
+        return (str(rows[0][0]), bytes(rows[0][1]), str(rows[0][2])) if rows else None
 
     def get(self, subject_id: str, key_id: str) -> bytes | None:
         _, rows = self._run(
@@ -559,7 +576,7 @@ class PostgresKeyTable(_OwnConnection):
         )
         return count == 1
 
-    def destroy(self, subject_id: str) -> list[str]:
+    def destroy(self, subject_id: str, erased_at: datetime | None = None) -> list[str]:
         """Delete durably and leave a new tombstone in the subject's place, in one
         transaction; then rewrite the table so no dead tuple keeps the wrapped key (or leave
         that pending, if the table's lock is not free within a second). Returns the ids of
@@ -583,7 +600,7 @@ class PostgresKeyTable(_OwnConnection):
                     for _ in range(DESTROY_TRIES):
                         cur = conn.execute(delete, (subject_id,))
                         ids += [str(r[0]) for r in cur.fetchall() if not is_tombstone(str(r[0]))]
-                        if conn.execute(insert, tombstone_row(subject_id)).fetchall():
+                        if conn.execute(insert, tombstone_row(subject_id, erased_at)).fetchall():
                             break
                     else:
                         raise RuntimeError(

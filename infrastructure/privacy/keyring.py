@@ -36,8 +36,8 @@ from gateway_ledger.domain.errors import InvalidInput, LedgerError, SessionErase
 from gateway_ledger.infrastructure.privacy.key_table import (
     KeyRaceLost,
     KeyTable,
-    erased_meanwhile,
     is_tombstone,
+    overtaken_by_erasure,
 )
 from gateway_ledger.infrastructure.privacy.master_key import (
     derive,
@@ -77,7 +77,7 @@ class WriteKeys:
     replace (``replacing``: subject -> tombstone id), and the stored keys it used
     (``used``: subject -> key id), which that transaction checks are still there
     (ADR 0028). ``seen`` is what the write found first in each subject's row, kept
-    across its attempts (see :func:`erased_meanwhile`, ADR 0071)."""
+    across its attempts (see :func:`overtaken_by_erasure`, ADR 0071)."""
 
     __slots__ = ("keys", "replacing", "rows", "seen", "used")
 
@@ -234,13 +234,16 @@ class KeyRing:
         h.update(value.encode("utf-8"))
         return h.hexdigest()[:32]
 
-    def sealing_key(self, subject_id: str, write: WriteKeys | None = None) -> tuple[str, AESGCM]:
+    def sealing_key(
+        self, subject_id: str, write: WriteKeys | None = None, made_at: datetime | None = None
+    ) -> tuple[str, AESGCM]:
         """The subject's current data key, created on first use.
 
         Within a ``write`` (see :meth:`writing`) a new key is noted in it, to be stored by
         the write's own transaction, and a stored key is noted as used. Without one (a
         mapping outside any write) a new key is stored at once, on the key table's own
-        connection.
+        connection. ``made_at`` is when the event being sealed was made: after an erasure
+        of the subject, one made before it is refused (``SessionErased``, ADR 0071).
         """
         hot = self._sealing.get(subject_id)
         if hot is not None and hot[0] > time.monotonic():
@@ -252,7 +255,7 @@ class KeyRing:
         table = self.table
         row = table.find(subject_id)
         seen = write.seen if write is not None else {}
-        replaces = self._tombstone_to_replace(seen, subject_id, row)
+        replaces = self._tombstone_to_replace(seen, subject_id, row, made_at)
         if row is None or replaces is not None:
             key_id, dek, wrapped, created = self._new_key(subject_id)
             if write is not None:  # stored with the write's events
@@ -270,9 +273,9 @@ class KeyRing:
                 row = table.find(subject_id)  # a concurrent creator won: use its key
                 assert row is not None
                 # ... unless an erasure came first: its tombstone is new, SessionErased
-                self._tombstone_to_replace(seen, subject_id, row)
+                self._tombstone_to_replace(seen, subject_id, row, made_at)
         if row is not None:
-            key_id, wrapped = row
+            key_id, wrapped, _ = row
             aead = AESGCM(self._unwrap_key(key_id, subject_id, wrapped))
             if write is not None:
                 write.used[subject_id] = key_id
@@ -281,16 +284,19 @@ class KeyRing:
 
     @staticmethod
     def _tombstone_to_replace(
-        seen: dict[str, str | None], subject_id: str, row: tuple[str, bytes] | None
+        seen: dict[str, str | None],
+        subject_id: str,
+        row: tuple[str, bytes, str] | None,
+        made_at: datetime | None,
     ) -> str | None:
         """The tombstone a new key of the subject takes the place of (None: no tombstone
-        found, or a data key); ``SessionErased`` if an erasure overtook the write, i.e. the
-        tombstone is not what the write first found in the subject's row (ADR 0071)."""
+        found, or a data key); ``SessionErased`` if the erasure that left it overtook the
+        write (:func:`overtaken_by_erasure`, ADR 0071)."""
         found = row[0] if row is not None else None
-        if found is None or not is_tombstone(found):
+        if row is None or found is None or not is_tombstone(found):
             seen.setdefault(subject_id, found)
             return None
-        if erased_meanwhile(seen, subject_id, found):
+        if overtaken_by_erasure(seen, subject_id, found, row[2], made_at):
             raise SessionErased((subject_id,))
         return found
 
@@ -381,9 +387,11 @@ class KeyRing:
             self._opening.clear()
         self._opening[key_id] = (now + self.ttl, value)
 
-    def destroy(self, subject_id: str) -> list[str]:
-        """Delete every key of the subject from the store and from every cache here."""
-        destroyed = self.table.destroy(subject_id)
+    def destroy(self, subject_id: str, erased_at: datetime | None = None) -> list[str]:
+        """Delete every key of the subject from the store and from every cache here, and
+        leave a tombstone of the erasure at ``erased_at`` (the erasure's clock; now if not
+        given) in its place."""
+        destroyed = self.table.destroy(subject_id, erased_at)
         evict_everywhere(subject_id, destroyed)
         log.info("destroyed %d data key(s) of subject %s", len(destroyed), subject_id)
         return destroyed

@@ -27,6 +27,7 @@ from binascii import a2b_base64, b2a_base64
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -367,6 +368,7 @@ class PrivateMapper(Mapper[UUID]):
                             originator_version,
                             topic,
                             keys,
+                            None,
                         )
                         state[SEALED] = envelope
             elif facts.spec is not None:
@@ -375,7 +377,14 @@ class PrivateMapper(Mapper[UUID]):
                 found = self._subject_for(facts.spec, state, originator_id, oid_text)
                 if found is not None:
                     state[SEALED] = self._seal(
-                        facts.plan, state, found, oid_text, originator_version, topic, keys
+                        facts.plan,
+                        state,
+                        found,
+                        oid_text,
+                        originator_version,
+                        topic,
+                        keys,
+                        domain_event.timestamp if facts.spec.dated_by_the_ledger else None,
                     )
         return StoredEvent(
             originator_id=originator_id,
@@ -407,8 +416,11 @@ class PrivateMapper(Mapper[UUID]):
         version: int,
         topic: str,
         keys: WriteKeys | None,
+        made_at: datetime | None,
     ) -> dict[str, str]:
-        """Move the fields' values out of ``state`` into one ciphertext; return the envelope."""
+        """Move the fields' values out of ``state`` into one ciphertext; return the envelope.
+        ``made_at`` (an event dated by the ledger's clock) lets the key ring refuse one
+        made before an erasure of its subject (ADR 0071)."""
         secret: dict[str, Any] = {}
         for head in plan.plain:
             value = state.get(head)
@@ -429,7 +441,7 @@ class PrivateMapper(Mapper[UUID]):
                 state[head] = self._placeholders(holder, changes)
         if not secret:
             return {"s": subject}
-        key_id, aead = self.keyring.sealing_key(subject, keys)
+        key_id, aead = self.keyring.sealing_key(subject, keys, made_at)
         nonce = self._random.take(12)
         aad = _aad(subject, key_id, originator_id, version, topic)
         sealed = aead.encrypt(nonce, self.transcoder.encode(secret), aad)
