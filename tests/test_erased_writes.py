@@ -245,9 +245,17 @@ def test_a_first_reply_made_before_an_erasure_and_sealed_after_it_is_refused(
             ledger.save(made_before)
     else:
         writer = GroupCommitWriter(ledger)
-        refused = writer.submit(made_before.collect_events())
+        other = ledger.new_obligation(
+            obligation_id="o-other", session_key="agent:main:telegram:dm:2", platform="telegram",
+            chat_id="2", content="someone else's, in the same commit",
+        )  # fmt: skip
+        with writer._cond:  # one group: the refused reply and an innocent one
+            refused = writer.submit(made_before.collect_events())
+            innocent = writer.submit(other.collect_events())
         assert isinstance(refused.exception(timeout=10), SessionErased)
+        assert innocent.exception(timeout=10) is None
         writer.close()
+        assert ledger.get("o-other").content == "someone else's, in the same commit"
     assert not ledger.exists("o-made-before")
     (tombstone,) = subject_rows(ledger)
     assert is_tombstone(tombstone)
