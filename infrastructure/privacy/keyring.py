@@ -292,13 +292,12 @@ class KeyRing:
         """The tombstone a new key of the subject takes the place of (None: no tombstone
         found, or a data key); ``SessionErased`` if the erasure that left it overtook the
         write (:func:`overtaken_by_erasure`, ADR 0071)."""
-        found = row[0] if row is not None else None
-        if row is None or found is None or not is_tombstone(found):
-            seen.setdefault(subject_id, found)
+        if row is None or not is_tombstone(row[0]):
+            seen.setdefault(subject_id, row[0] if row is not None else None)
             return None
-        if overtaken_by_erasure(seen, subject_id, found, row[2], made_at):
+        if overtaken_by_erasure(seen, subject_id, row[0], row[2], made_at):
             raise SessionErased((subject_id,))
-        return found
+        return row[0]
 
     def _new_key(self, subject_id: str) -> tuple[str, bytes, bytes, str]:
         key_id = shared_pool.take(12).hex()
