@@ -20,12 +20,14 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
 from gateway_ledger.application.delivery.ports import Reply, ReplyContext
 from gateway_ledger.bootstrap import DeliveryLedger, Gateway, SessionStore
+from gateway_ledger.domain.delivery.obligation import DeliveryObligation
 from gateway_ledger.domain.errors import LedgerError, SessionErased
 from gateway_ledger.domain.sessions.source import SessionSource
 from gateway_ledger.infrastructure.eventstore.group_commit import GroupCommitWriter
@@ -69,12 +71,12 @@ def subject_rows(ledger: DeliveryLedger) -> list[str]:
     return [key_id for _, (key_id, _) in ring.table.get_many([subject]).items()]
 
 
-def erasing_after_sealing(ledger: DeliveryLedger, location: str) -> list[object]:
+def erasing_after_sealing(ledger: Any, location: str) -> list[object]:
     """From now on, the ledger's first event sealed is followed, before its write commits,
     by an erasure of its subject in another process; returns the events it sealed."""
     mapped = ledger.mapper.to_stored_event
     race = lambda: forget_elsewhere(location, found=False)  # noqa: E731
-    ledger.mapper.to_stored_event, calls = racing(mapped, race)  # type: ignore[method-assign]
+    ledger.mapper.to_stored_event, calls = racing(mapped, race)
     return calls
 
 
@@ -117,22 +119,30 @@ def test_the_group_commit_writer_refuses_a_write_under_a_key_destroyed_elsewhere
     writer.submit(first.collect_events()).result(timeout=10)
     forget_elsewhere(store_location)
 
+    late = ledger.new_obligation(
+        obligation_id="o-during", session_key=KEY, platform="telegram", chat_id=CHAT, content="b"
+    )
+    refused_beside_an_innocent_reply(ledger, writer, late)
+    ledger.close()
+
+
+def refused_beside_an_innocent_reply(
+    ledger: DeliveryLedger, writer: GroupCommitWriter, late: DeliveryObligation
+) -> None:
+    """``late`` and another session's reply go in one group: ``late`` is refused as
+    erased and appends nothing; the other commits."""
     other = ledger.new_obligation(
         obligation_id="o-other", session_key="agent:main:telegram:dm:1", platform="telegram",
         chat_id="1", content="someone else",
     )  # fmt: skip
-    late = ledger.new_obligation(
-        obligation_id="o-during", session_key=KEY, platform="telegram", chat_id=CHAT, content="b"
-    )
     with writer._cond:  # one group: an innocent job and the refused one
         innocent = writer.submit(other.collect_events())
         refused = writer.submit(late.collect_events())
     assert isinstance(refused.exception(timeout=10), SessionErased)
     assert innocent.exception(timeout=10) is None
     writer.close()
-    assert not ledger.exists("o-during")
+    assert not ledger.exists(late.obligation_id)
     assert ledger.get("o-other").content == "someone else"
-    ledger.close()
 
 
 def test_the_gateway_neither_records_nor_sends_a_reply_to_a_session_erased_elsewhere(
@@ -244,18 +254,7 @@ def test_a_first_reply_made_before_an_erasure_and_sealed_after_it_is_refused(
         with pytest.raises(SessionErased):
             ledger.save(made_before)
     else:
-        writer = GroupCommitWriter(ledger)
-        other = ledger.new_obligation(
-            obligation_id="o-other", session_key="agent:main:telegram:dm:2", platform="telegram",
-            chat_id="2", content="someone else's, in the same commit",
-        )  # fmt: skip
-        with writer._cond:  # one group: the refused reply and an innocent one
-            refused = writer.submit(made_before.collect_events())
-            innocent = writer.submit(other.collect_events())
-        assert isinstance(refused.exception(timeout=10), SessionErased)
-        assert innocent.exception(timeout=10) is None
-        writer.close()
-        assert ledger.get("o-other").content == "someone else's, in the same commit"
+        refused_beside_an_innocent_reply(ledger, GroupCommitWriter(ledger), made_before)
     assert not ledger.exists("o-made-before")
     (tombstone,) = subject_rows(ledger)
     assert is_tombstone(tombstone)
