@@ -17,7 +17,7 @@ import pytest
 from gateway_ledger.bootstrap import DeliveryLedger
 from gateway_ledger.domain.errors import ConcurrentUpdate
 from gateway_ledger.infrastructure.eventstore.group_commit import GroupCommitWriter
-from gateway_ledger.infrastructure.privacy.key_table import KEYS_TABLE
+from gateway_ledger.infrastructure.privacy.key_table import KEYS_TABLE, is_tombstone
 
 KEY = "agent:main:telegram:dm:4242"
 
@@ -207,3 +207,21 @@ def test_on_postgresql_a_key_another_writer_stored_meanwhile_wins(pg_url: str) -
     assert reader.history("o-theirs")[0].fields["content"] == "theirs"
     for opened in (ours, theirs, reader):
         opened.close()
+
+
+def test_a_key_stored_outside_a_write_follows_the_same_rows_rule(store_location: str) -> None:
+    """``KeyTable.insert`` (for a mapping outside any write) fills an empty row or
+    replaces the tombstone it names, and nothing else, on both stores (ADR 0071)."""
+    ledger = DeliveryLedger.open(store_location)
+    table = ledger.private_mapper.keyring.table
+    subject = ledger.private_mapper.keyring.subject_id(KEY)
+    assert table.insert((subject, "k-1", b"w1", "t1"))
+    assert not table.insert((subject, "k-2", b"w2", "t2"))  # the subject has a key
+    assert table.destroy(subject) == ["k-1"]
+    found = table.find(subject)
+    assert found is not None and is_tombstone(found[0])
+    assert not table.insert((subject, "k-3", b"w3", "t3"))  # an empty row is not there
+    assert not table.insert((subject, "k-3", b"w3", "t3"), replaces="erased-another")
+    assert table.insert((subject, "k-3", b"w3", "t3"), replaces=found[0])
+    assert table.find(subject) == ("k-3", b"w3", "t3")
+    ledger.close()

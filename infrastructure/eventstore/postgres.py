@@ -38,9 +38,10 @@ from gateway_ledger.infrastructure.privacy.key_table import (
     KEYS_TABLE,
     PG_REPLACE_TOMBSTONE,
     KeyRaceLost,
+    NewKeyRow,
     erased_among,
 )
-from gateway_ledger.infrastructure.privacy.keyring import NewKeyRow, WriteKeys
+from gateway_ledger.infrastructure.privacy.keyring import WriteKeys
 
 _SCHEMA_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 

@@ -28,6 +28,7 @@ sequential, so the fsync of the event's own commit makes the earlier key row dur
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import secrets
 import sqlite3
@@ -108,6 +109,10 @@ def tombstone_row(subject_id: str, erased_at: datetime | None) -> tuple[str, str
     return subject_id, key_id, b"", (erased_at or datetime.now(UTC)).isoformat()
 
 
+NewKeyRow = tuple[str, str, bytes, str]
+"""(subject_id, key_id, wrapped key, created_at): a key table row, as inserted."""
+
+
 class KeyRaceLost(Exception):
     """Another writer stored a key for one of the new subjects first: seal again with it."""
 
@@ -182,14 +187,7 @@ class KeyTable(Protocol):
     def find(self, subject_id: str) -> tuple[str, bytes, str] | None: ...
     def get(self, subject_id: str, key_id: str) -> bytes | None: ...
     def get_many(self, subject_ids: Sequence[str]) -> dict[str, tuple[str, bytes]]: ...
-    def insert(
-        self,
-        key_id: str,
-        subject_id: str,
-        wrapped: bytes,
-        created_at: str,
-        replaces: str | None = None,
-    ) -> bool: ...
+    def insert(self, row: NewKeyRow, replaces: str | None = None) -> bool: ...
     def destroy(self, subject_id: str, erased_at: datetime | None = None) -> list[str]: ...
     def finish_cleanup(self) -> bool: ...
     def rows(self) -> list[tuple[str, str, bytes]]: ...
@@ -254,19 +252,25 @@ class SQLiteKeyTable(_OwnConnection):
         with self._lock:
             return self._connection().execute(statement, tuple(params)).fetchall()
 
-    def _write(self, statements: Sequence[tuple[str, tuple[Any, ...]]]) -> int:
-        """Run the statements in one write transaction; return the rows they changed."""
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction on the private connection, rolled back if the body raises."""
         with self._lock:
             conn = self._connection()
-            before = conn.total_changes
             conn.execute("BEGIN IMMEDIATE")
             try:
-                for statement, params in statements:
-                    conn.execute(statement, params)
+                yield conn
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
+
+    def _write(self, statements: Sequence[tuple[str, tuple[Any, ...]]]) -> int:
+        """Run the statements in one write transaction; return the rows they changed."""
+        with self._writing() as conn:
+            before = conn.total_changes
+            for statement, params in statements:
+                conn.execute(statement, params)
             return conn.total_changes - before
 
     def get_meta(self, name: str) -> str | None:
@@ -321,22 +325,16 @@ class SQLiteKeyTable(_OwnConnection):
                 found[str(subject)] = (str(key_id), bytes(wrapped))
         return found
 
-    def insert(
-        self,
-        key_id: str,
-        subject_id: str,
-        wrapped: bytes,
-        created_at: str,
-        replaces: str | None = None,
-    ) -> bool:
+    def insert(self, row: NewKeyRow, replaces: str | None = None) -> bool:
         """Store a new key where the subject has no row, or in the place of the tombstone
-        ``replaces``: True if ours (False: a concurrent creator or erasure came first)."""
-        statement: tuple[str, tuple[Any, ...]] = (
-            (SQLITE_INSERT_KEY, (subject_id, key_id, wrapped, created_at))
-            if replaces is None
-            else (SQLITE_REPLACE_TOMBSTONE, (key_id, wrapped, created_at, subject_id, replaces))
-        )
-        return self._write([statement]) == 1
+        ``replaces``, as a write's transaction would (:func:`insert_staged_keys`): True if
+        ours (False: a concurrent creator or erasure came first)."""
+        try:
+            with self._writing() as conn:
+                insert_staged_keys(conn.cursor(), [row], {row[0]: replaces} if replaces else None)
+        except KeyRaceLost:
+            return False
+        return True
 
     def destroy(self, subject_id: str, erased_at: datetime | None = None) -> list[str]:
         """Delete, leave a new tombstone in the subject's place, zero the freed space, and
@@ -553,27 +551,21 @@ class PostgresKeyTable(_OwnConnection):
                 found[str(subject)] = (str(key_id), bytes(wrapped))
         return found
 
-    def insert(
-        self,
-        key_id: str,
-        subject_id: str,
-        wrapped: bytes,
-        created_at: str,
-        replaces: str | None = None,
-    ) -> bool:
+    def insert(self, row: NewKeyRow, replaces: str | None = None) -> bool:
+        subject_id, key_id, wrapped, created_at = row
         if replaces is not None:
             count, _ = self._run(
                 self.sql.SQL(PG_REPLACE_TOMBSTONE).format(self.keys),
                 (key_id, wrapped, created_at, subject_id, replaces),
             )
-            return count == 1
-        count, _ = self._run(
-            self.sql.SQL(
-                "INSERT INTO {} (subject_id, key_id, wrapped, created_at) "
-                "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING"
-            ).format(self.keys),
-            (subject_id, key_id, wrapped, created_at),
-        )
+        else:
+            count, _ = self._run(
+                self.sql.SQL(
+                    "INSERT INTO {} (subject_id, key_id, wrapped, created_at) "
+                    "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING"
+                ).format(self.keys),
+                row,
+            )
         return count == 1
 
     def destroy(self, subject_id: str, erased_at: datetime | None = None) -> list[str]:

@@ -36,6 +36,7 @@ from gateway_ledger.domain.errors import InvalidInput, LedgerError, SessionErase
 from gateway_ledger.infrastructure.privacy.key_table import (
     KeyRaceLost,
     KeyTable,
+    NewKeyRow,
     is_tombstone,
     overtaken_by_erasure,
 )
@@ -64,10 +65,6 @@ KEY_RACE_RETRIES = 3
 """Times a writer seals again after another writer stored a new subject's key first."""
 
 T = TypeVar("T")
-
-
-NewKeyRow = tuple[str, str, bytes, str]
-"""(subject_id, key_id, wrapped key, created_at): a key table row, as inserted."""
 
 
 class WriteKeys:
@@ -265,7 +262,7 @@ class KeyRing:
                 if replaces is not None:
                     write.replacing[subject_id] = replaces
                 return key_id, aead
-            if table.insert(key_id, subject_id, wrapped, created, replaces):
+            if table.insert((subject_id, key_id, wrapped, created), replaces):
                 aead = AESGCM(dek)
                 row = None
                 log.debug("data key created for subject %s", subject_id)
