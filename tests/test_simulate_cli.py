@@ -82,4 +82,25 @@ def test_reconciliation_settles_what_no_reconcile_labels_on_the_same_seed() -> N
     )
     uncertain = sum(with_it["platforms"][p]["uncertain_sends"] for p in RECONCILING)
     assert 0 < answered <= uncertain  # asked only after uncertain sends, at most once each
-    assert with_it["reconcile_round_trips"] <= answered
+    # Each request's answer is recorded by the gateway that asked, unless a kill took that
+    # gateway first: the reply's claimer asks again, after its own uncertain send.
+    assert with_it["reconcile_unrecorded"] == 0
+    assert with_it["reconcile_round_trips"] - with_it["reconcile_lost_to_kills"] <= answered
+
+
+def test_a_request_without_its_answer_is_put_on_the_kill_that_took_its_asker() -> None:
+    """The report's account of reconciliation requests (``unrecorded_requests``): matched
+    to the ``Reconciled`` of the process that asked; an unmatched one is a kill's when that
+    process never finished, unexplained when it did; unread obligations are not judged."""
+    from collections import Counter
+
+    from gateway_ledger.entrypoints.simulation.driver import unrecorded_requests
+
+    asked = Counter({("o1", 10): 1, ("o1", 11): 1, ("o2", 12): 2, ("o3", 13): 1, ("o4", 14): 1})
+    answered = Counter({("o1", 11): 1, ("o2", 12): 1, ("o3", 99): 1})
+    read = {"o1", "o2", "o3"}
+    finished = {11, 12, 14}
+    # o1: 10 was killed before recording, 11 recorded; o2: 12 finished with one of its two
+    # answers unrecorded; o3: 13 killed, another process's answer does not count for it;
+    # o4: not read (unreadable in a --faults run), so not judged.
+    assert unrecorded_requests(asked, answered, read, finished) == (2, 1)

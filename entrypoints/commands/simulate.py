@@ -229,7 +229,14 @@ def platform_rows(report: Report) -> list[tuple[str, object]]:
                 f" {p.bans} bans",
             )
         )
-    rows.append(("reconciliation round trips", report.reconcile_round_trips))
+    rows.append(
+        (
+            "reconciliation round trips",
+            f"{report.reconcile_round_trips} ({report.reconcile_lost_to_kills} answered to a"
+            f" gateway killed before it recorded the answer,"
+            f" {report.reconcile_unrecorded} unrecorded otherwise)",
+        )
+    )
     return rows
 
 

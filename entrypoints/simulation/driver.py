@@ -34,8 +34,8 @@ from gateway_ledger.entrypoints.simulation.order import (
 from gateway_ledger.entrypoints.simulation.platform import (
     Received,
     count_deduplicated,
-    count_reconcile_requests,
     read_journal,
+    read_reconcile_requests,
 )
 from gateway_ledger.entrypoints.simulation.report import (
     FaultReport,
@@ -278,12 +278,14 @@ class Simulation:
     def _count(self) -> None:
         r = self.report
         copies: dict[tuple[str, str, str], list[Received]] = {}
+        asked: Counter[tuple[str, int]] = Counter()
         for platform in self.platforms:
             journal = self.run_dir / f"{platform}.db"
             r.deduplicated_by_platform += count_deduplicated(journal)
-            trips = count_reconcile_requests(journal)
-            r.platforms[platform].round_trips = trips
-            r.reconcile_round_trips += trips
+            requests = read_reconcile_requests(journal)
+            r.platforms[platform].round_trips = len(requests)
+            r.reconcile_round_trips += len(requests)
+            asked.update(requests)
             for msg in read_journal(journal):
                 r.messages_received += 1
                 copies.setdefault(part_key(msg), []).append(msg)
@@ -293,6 +295,8 @@ class Simulation:
             # claimer, yet it was sent before the claim and is no re-send.
             got.sort(key=lambda m: (m.sent_at, m.seq))
         abandoned: Counter[str] = Counter()
+        answered: Counter[tuple[str, int]] = Counter()
+        read: set[str] = set()
         order = OrderTally(inbound_of={self.oid(t): t.inbound_id for t in self.turns})
         ledger = DeliveryLedger.open(self.db)
         try:
@@ -319,6 +323,8 @@ class Simulation:
                     continue
                 r.obligations += 1
                 tally_platform(r.platforms[turn.platform], history)
+                read.add(self.oid(turn))
+                answered.update(answers_recorded(self.oid(turn), history))
                 order.add(turn.inbound_id, turn.index, history)
                 missing, marked, unlabelled = tally(got_by_part)
                 r.unlabelled_duplicates += unlabelled
@@ -369,10 +375,15 @@ class Simulation:
         self._count_order(order)
         if self.faults is not None:
             self.faults.count_messages(copies)
+        finished: set[int] = set()
         for path in self.run_dir.glob("*-*-*.json"):  # one per gateway process that finished
+            finished.add(int(path.stem.rsplit("-", 1)[1]))
             figures = json.loads(path.read_text())
             r.ledger_faults += figures.get("ledger_faults", 0)
             r.reconcile_bad_answers += figures.get("reconcile_bad_answers", 0)
+        r.reconcile_lost_to_kills, r.reconcile_unrecorded = unrecorded_requests(
+            asked, answered, read, finished
+        )
         r.obligations_per_second = round(r.obligations / r.seconds, 1) if r.seconds else 0.0
 
     def _count_order(self, order: OrderTally) -> None:
@@ -400,6 +411,33 @@ class Simulation:
             r.handoffs += enforced.handoffs
             r.rate_limit_violations += enforced.violation_count
             r.bans += enforced.bans
+
+
+def answers_recorded(oid: str, history: list[Any]) -> Counter[tuple[str, int]]:
+    """The reconciliation answers in one obligation's history, by the pid that recorded
+    each: what the platform's requests are matched against."""
+    return Counter((oid, h.fields["by"].pid) for h in history if h.type == "Reconciled")
+
+
+def unrecorded_requests(
+    asked: Counter[tuple[str, int]],
+    answered: Counter[tuple[str, int]],
+    read: set[str],
+    finished: set[int],
+) -> tuple[int, int]:
+    """Requests a platform answered that no ``Reconciled`` of the asking process holds,
+    among the obligations ``read``: (those whose asker never finished, killed before it
+    could record the answer; those whose asker finished, which nothing explains)."""
+    lost_to_kills = unexplained = 0
+    for (oid, pid), n in asked.items():
+        missing = n - answered[(oid, pid)]
+        if oid not in read or missing <= 0:
+            continue
+        if pid in finished:
+            unexplained += missing
+        else:
+            lost_to_kills += missing
+    return lost_to_kills, unexplained
 
 
 def tally_platform(p: PlatformReport, history: list[Any]) -> None:

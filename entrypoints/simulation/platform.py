@@ -61,7 +61,9 @@ CREATE TABLE IF NOT EXISTS deduplicated (
 );
 CREATE TABLE IF NOT EXISTS reconcile_requests (
     kind TEXT NOT NULL,
-    at REAL NOT NULL
+    at REAL NOT NULL,
+    obligation_id TEXT NOT NULL,
+    asker_pid INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS callbacks (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -438,23 +440,26 @@ class ReconcilingPlatform(SimulatedPlatform):
         loop = asyncio.get_running_loop()
         kind = self.behaviour.reconcile
         if kind == "history":
-            await loop.run_in_executor(self._pool, self._count_request, kind)
+            await loop.run_in_executor(self._pool, self._count_request, kind, query)
             if not self._take_token():
                 return ReconcileAnswer.unknown("history read rate limited (429)")
             await asyncio.sleep(self._rng.uniform(*self.behaviour.latency))
             return await loop.run_in_executor(self._pool, self._read_history, query)
         if kind == "nonce":
-            await loop.run_in_executor(self._pool, self._count_request, kind)
+            await loop.run_in_executor(self._pool, self._count_request, kind, query)
             await asyncio.sleep(self._rng.uniform(*self.behaviour.latency))
         # "callbacks": the webhooks already received say it: no request to the platform
         return await loop.run_in_executor(self._pool, self._find_nonce, query, kind)
 
-    def _count_request(self, kind: str) -> None:
-        """One request to the platform, kept in its journal: a killed gateway's count too."""
+    def _count_request(self, kind: str, query: ReconcileQuery) -> None:
+        """One request to the platform, kept in its journal with the obligation it asked
+        about and the process that asked: a killed gateway's request too."""
         self.round_trips += 1
         with self._lock:
             self._connection().execute(
-                "INSERT INTO reconcile_requests (kind, at) VALUES (?, ?)", (kind, time.time())
+                "INSERT INTO reconcile_requests (kind, at, obligation_id, asker_pid)"
+                " VALUES (?, ?, ?, ?)",
+                (kind, time.time(), query.obligation_id, os.getpid()),
             )
 
     def _take_token(self) -> bool:
@@ -539,15 +544,17 @@ def read_journal(path: str | Path) -> list[Received]:
     return [Received(*row) for row in rows]
 
 
-def count_reconcile_requests(path: str | Path) -> int:
-    """Requests the platform answered for reconciliation, by every gateway of the run."""
+def read_reconcile_requests(path: str | Path) -> list[tuple[str, int]]:
+    """Requests the platform answered for reconciliation, by every gateway of the run:
+    (obligation id, the asking process's pid) each."""
     if not Path(path).exists():
-        return 0
+        return []
     conn = open_journal(path)
     try:
-        return int(conn.execute("SELECT COUNT(*) FROM reconcile_requests").fetchone()[0])
+        rows = conn.execute("SELECT obligation_id, asker_pid FROM reconcile_requests").fetchall()
     finally:
         conn.close()
+    return [(oid, pid) for oid, pid in rows]
 
 
 def count_deduplicated(path: str | Path) -> int:

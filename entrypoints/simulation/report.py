@@ -60,6 +60,12 @@ class Report:
     """Per platform: possible duplicates labelled, and what reconciliation answered."""
     reconcile_round_trips: int = 0
     """Platform requests reconciliation cost, all platforms (see ``PlatformReport``)."""
+    reconcile_lost_to_kills: int = 0
+    """Requests whose answer no ``Reconciled`` holds because the asking gateway was killed
+    before it could record it: the gateway that claims the reply asks again."""
+    reconcile_unrecorded: int = 0
+    """Requests whose answer a gateway that ran to its end never recorded: must be 0
+    without ``--faults`` (a fault counts in ``ledger_faults``)."""
     reconcile_bad_answers: int = 0
     conversations: int = 0
     backlog: int = 0
