@@ -94,7 +94,7 @@ def wants_key(adapter: object) -> bool:
 
 def send_key(obligation_id: str, part: int, single: bool) -> str:
     """The key placed on a send: the obligation id, or ``<id>:<part>`` for one part of
-    many (the same rule as the idempotency key, ADR 0041)."""
+    many (the same rule as the idempotency key, ADR 0072)."""
     return obligation_id if single else f"{obligation_id}:{part}"
 
 

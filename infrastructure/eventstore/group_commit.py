@@ -8,6 +8,15 @@ other write), and resolves every future. There is no timer: while one commit run
 next group queues up, so a single conversation pays no added latency and 64
 conversations share their fsyncs.
 
+Unless the replies come together: when one pass of the event loop over its ready
+callbacks (an *iteration*) submits several waited-for writes, the writer would wake at
+the first and start a group while the loop, holding the interpreter lock, submits the
+rest; they then wait for the next commit, and each reply pays for more commits (measured
+in docs/performance.md, round 12). So after an iteration that submitted several, the
+loop holds the next iteration's waited-for writes and hands them over together when it
+ends (one ``call_soon``): one group, one commit. After an iteration with one write (a
+lone conversation) the next goes to the writer at once, as before: no added latency.
+
 The handoffs are kept thin because a lone conversation pays one round trip per reply:
 jobs travel on a ``SimpleQueue`` (one wake-up of the writer, no condition-variable
 ping-pong), and an asyncio caller gets an asyncio future that the writer settles once per
@@ -139,6 +148,18 @@ class _Job:
     seq: int = attrs.field(factory=lambda: next(_order))
 
 
+@attrs.define
+class _Iteration:
+    """One event loop's waited-for writes, counted per iteration of that loop."""
+
+    open: bool = False
+    """An iteration that submitted is under way: its end is scheduled (``call_soon``)."""
+    hold: bool = False
+    """This iteration's writes are held until it ends: the previous one submitted several."""
+    count: int = 0
+    held: list[_Job] = attrs.Factory(list)
+
+
 class GroupCommitWriter:
     """A dedicated thread that owns every write of one application."""
 
@@ -163,6 +184,7 @@ class GroupCommitWriter:
         )
         self._queue: queue.SimpleQueue[_Job | object | None] = queue.SimpleQueue()
         self._behind: list[_Job] = []  # write-behind jobs waiting for the next group
+        self._iterations: dict[asyncio.AbstractEventLoop, _Iteration] = {}  # under _cond
         self._behind_unsettled = 0  # submitted behind and not settled yet (under _cond)
         self._linger_timer_on: asyncio.AbstractEventLoop | None = None  # loop of the timer
         # Per loop that waited on this writer: how the writer wakes it (None: no eventfd).
@@ -216,8 +238,42 @@ class GroupCommitWriter:
             self._wakers[loop] = waker_for(loop, _wake)
         handle = WriteHandle()
         report = (loop, on_error) if on_error is not None else None
-        self._enqueue(events, label, after, waiter, handle, report)
+        self._enqueue(events, label, after, waiter, handle, report, loop)
         return handle, waiter
+
+    def _held(self, loop: asyncio.AbstractEventLoop, job: _Job) -> bool:
+        """Count a waited-for write in its loop's iteration; True if the iteration holds
+        it until it ends (``_cond`` held)."""
+        iteration = self._iterations.get(loop)
+        if iteration is None:
+            iteration = self._iterations[loop] = _Iteration()
+        if not iteration.open:
+            iteration.open, iteration.count = True, 0
+            loop.call_soon(self._iteration_over, loop, iteration)
+        iteration.count += 1
+        if iteration.hold:
+            iteration.held.append(job)
+        return iteration.hold
+
+    def _iteration_over(self, loop: asyncio.AbstractEventLoop, iteration: _Iteration) -> None:
+        """On the loop, once the iteration that submitted has run: hand over what it held,
+        and hold the next iteration's writes if this one submitted several."""
+        with self._cond:
+            iteration.open = False
+            iteration.hold = iteration.count > 1
+            self._hand_over(iteration)
+
+    def _hand_over(self, iteration: _Iteration) -> None:
+        """Queue an iteration's held writes, in order (``_cond`` held)."""
+        held, iteration.held = iteration.held, []
+        if not held:
+            return
+        if self._closed:
+            self._settle(held, LedgerUnavailable("the ledger writer is closed"))
+            return
+        self._start_locked()
+        for job in held:
+            self._queue.put(job)
 
     def submit_behind(
         self,
@@ -273,10 +329,14 @@ class GroupCommitWriter:
         The writer answers in queue order, after the group that carries those jobs: the
         jobs are either in that group or were settled by an earlier one. A closed writer
         settles them on its way out (``close`` waits for that)."""
+        loop = asyncio.get_running_loop()
         with self._cond:
+            iteration = self._iterations.get(loop)
+            if iteration is not None:  # queue order is submission order
+                self._hand_over(iteration)
             if self._behind_unsettled == 0 or self._closed:
                 return
-            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            waiter: asyncio.Future[None] = loop.create_future()
             self._start_locked()
             self._queue.put(_FlushRequest(waiter))
         await waiter
@@ -289,12 +349,17 @@ class GroupCommitWriter:
         waiter: asyncio.Future[None] | None,
         future: Written,
         on_error: tuple[asyncio.AbstractEventLoop, Callable[[BaseException], object]] | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
+        """Queue a job for the writer; ``loop``: a waited-for write's loop, whose iteration
+        may hold it (see the module's docstring)."""
         stamp(events)  # on the caller's side: its turn and trace (ADR 0058)
         job = _Job(label, list(events), future, after, waiter, on_error)
         with self._cond:
             if self._closed:
                 self._settle([job], LedgerUnavailable("the ledger writer is closed"))
+                return
+            if loop is not None and self._held(loop, job):
                 return
             self._start_locked()
             self._queue.put(job)
@@ -322,6 +387,8 @@ class GroupCommitWriter:
         with self._cond:
             if self._closed:
                 return
+            for iteration in self._iterations.values():  # held writes are queued first
+                self._hand_over(iteration)
             if self._behind:
                 self._start_locked()  # write-behind jobs still wait: the thread settles them
             self._closed = True
