@@ -14,14 +14,7 @@ from hypothesis import strategies as st
 from gateway_ledger.bootstrap import DeliveryLedger
 from gateway_ledger.domain.errors import ConcurrentUpdate
 from gateway_ledger.infrastructure.eventstore.group_commit import GroupCommitWriter
-
-
-def events(ledger: DeliveryLedger, oid: str) -> list[object]:
-    agg = ledger.new_obligation(
-        obligation_id=oid, session_key="agent:main:cli:dm:1", platform="cli", chat_id="1",
-        content="hi",
-    )  # fmt: skip
-    return list(agg.collect_events())
+from tests.writer_support import events
 
 
 def test_a_behind_job_waits_for_the_next_group_and_keeps_its_order(tmp_path: Path) -> None:
