@@ -305,11 +305,24 @@ class Courier:
         future, waiter = self.writer.submit_waiting(
             agg.collect_events(), label=oid, on_error=record_failed
         )
-        fault = False
+        ended: BaseException | None = None  # how the record ended, as far as known now
+        fault = late = pending = False
         try:
             with tracing.span("record", obligation_id=oid, platform=context.platform):
                 await self._durable(waiter)
-        except ConcurrentUpdate:
+        except Exception as e:
+            ended = e
+            if isinstance(e, TimeoutError):
+                # The writer settles the write on its own thread: it may have ended since
+                # the wait timed out. Then go on as it ended (a landed record is tracked, a
+                # refused one is the same turn's reply recorded already), and leave any
+                # failure to ``_record_failed``, which counts what fails after the deadline.
+                self.fault(oid, "record", e)
+                fault = late = True
+                pending = not future.done()  # looked at once: it may end any time
+                if not pending:
+                    ended = future.exception()
+        if isinstance(ended, ConcurrentUpdate):
             if place is not None:
                 self.pacer.leave(place)
             if await self._already_recorded(agg):
@@ -317,30 +330,30 @@ class Courier:
             if adapter is None:
                 return DeliveryOutcome(status="failed", obligation_id=oid, ledger_fault=True)
             return await self._send_untracked(oid, context, reply, inbound_message_id, adapter)
-        except SessionErased:
+        if isinstance(ended, SessionErased):
             if place is not None:
                 self.pacer.leave(place)
             return self._erased(oid, "record")
-        except Exception as e:
-            self.fault(oid, "record", e)
+        if ended is not None and not late:
+            self.fault(oid, "record", ended)
             fault = True
-        if fault and future.done():
-            self.counters.untracked += 1  # its record failed: nothing will recover it
+        failed = ended is not None and not pending  # it did not land: nothing recovers it
+        if failed and not late:
+            self.counters.untracked += 1
         if adapter is None:
             log.info("obligation %s queued: platform %s not connected", oid, context.platform)
             return DeliveryOutcome(status="queued", obligation_id=oid, ledger_fault=fault)
         # After a timeout the commit may still land: later writes are chained after it.
         # A record that timed out may yet conflict with an earlier record of the same
         # turn: that is proven or disproven before the first hand-off (ADR 0032).
-        timed_out = fault and not future.done()
         flight = Flight(
             agg=agg,
             adapter=adapter,
-            tracked=not future.done() or not fault,
+            tracked=not failed,
             guard=guard,
             lease_epoch=epoch,
-            unproven=timed_out,
-            record_unconfirmed=timed_out,
+            unproven=pending,
+            record_unconfirmed=pending,
             place=place,
         )
         flight.last_write = future

@@ -1,0 +1,106 @@
+"""A record that ended just as its deadline passed is taken as it ended.
+
+The deadline of a reply's record (``ledger_deadline``) can fire after the writer has
+already settled the write, before the reply's task looks at it. The gateway then took
+the record for failed: the reply went on untracked, its later parts and ``Delivered``
+were never written, and a claimer later re-sent those parts without the duplicate
+marker (found by ``simulate --faults``, PostgreSQL seed 9: an unlabelled copy of a
+media part). A record that landed is tracked; one refused because the same turn was
+recorded by another gateway is not sent again.
+
+The writer here is the real group-commit writer on a real store; only the caller's
+wait is made to end in ``TimeoutError`` once the write has ended, the race's outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from gateway_ledger.application.delivery.ports import Reply, ReplyContext
+from gateway_ledger.bootstrap import DeliveryLedger, Gateway
+from gateway_ledger.domain.values import MediaItem
+from gateway_ledger.infrastructure.eventstore.group_commit import GroupCommitWriter, Written
+from tests.conftest import close_left_open
+from tests.gateway_fakes import ScriptedAdapter
+
+CTX = ReplyContext(session_key="agent:main:telegram:dm:7", platform="telegram", chat_id="7")
+IMAGE = MediaItem(kind="image", uri="file:///cat.png")
+
+
+class DeadlinePassedAsItLanded(GroupCommitWriter):
+    """The real writer; the first waited-for write's caller sees ``TimeoutError``, raised
+    only once that write has ended (landed or refused)."""
+
+    def __init__(self, ledger: DeliveryLedger) -> None:
+        super().__init__(ledger)
+        self.raced = False
+
+    def submit_waiting(
+        self,
+        events: Sequence[Any],
+        *,
+        label: str = "",
+        after: Written | None = None,
+        on_error: Callable[[BaseException], object] | None = None,
+    ) -> tuple[Any, asyncio.Future[None]]:
+        handle, waiter = super().submit_waiting(events, label=label, after=after, on_error=on_error)
+        if self.raced:
+            return handle, waiter
+        self.raced = True
+        late: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def deadline_passed(_: asyncio.Future[None]) -> None:
+            late.set_exception(TimeoutError("the ledger write is slower than ledger_deadline"))
+
+        waiter.add_done_callback(deadline_passed)
+        return handle, late
+
+
+def test_a_record_that_landed_as_its_deadline_passed_is_tracked_to_the_end(
+    store_location: str,
+) -> None:
+    async def main() -> None:
+        ledger = DeliveryLedger.open(store_location)
+        adapter = ScriptedAdapter()
+        async with Gateway(ledger, writer=DeadlinePassedAsItLanded(ledger)) as gw:
+            await gw.start([adapter])
+            out = await gw.deliver(CTX, Reply("two parts", media=(IMAGE,)), "in-1")
+            await gw.flush()
+            assert out.status == "delivered"
+            stats = gw.stats()
+            assert stats.ledger_faults == 1  # the deadline passed: still said
+            assert stats.untracked == 0
+            types = [h.type for h in gw.ledger.history(out.obligation_id)]
+            assert types == ["Recorded", "Attempting", "PartDelivered", "Delivered"]
+            assert gw.ledger.get(out.obligation_id).state == "delivered"
+        assert len(adapter.sent) == 2
+
+    asyncio.run(main())
+    close_left_open()
+
+
+def test_a_record_refused_as_its_deadline_passed_is_not_sent_again(
+    store_location: str,
+) -> None:
+    """The same turn's reply was recorded and delivered by another gateway: this one's
+    record is refused (a conflict), and the reply is not sent a second time."""
+
+    async def main() -> None:
+        first = ScriptedAdapter()
+        async with Gateway.open(store_location) as gw:
+            await gw.start([first])
+            done = await gw.deliver(CTX, Reply("once"), "in-1")
+            assert done.status == "delivered"
+        ledger = DeliveryLedger.open(store_location)
+        second = ScriptedAdapter()
+        async with Gateway(ledger, writer=DeadlinePassedAsItLanded(ledger)) as gw:
+            await gw.start([second])
+            again = await gw.deliver(CTX, Reply("once"), "in-1")
+            assert again.status == "already_recorded", again
+            assert gw.stats().untracked == 0
+        assert second.sent == []
+
+    asyncio.run(main())
+    close_left_open()
