@@ -15,17 +15,17 @@ wait is made to end in ``TimeoutError`` once the write has ended, the race's out
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from gateway_ledger.application.delivery.ports import Reply, ReplyContext
+from gateway_ledger.application.delivery.ports import Reply
 from gateway_ledger.bootstrap import DeliveryLedger, Gateway
 from gateway_ledger.domain.values import MediaItem
-from gateway_ledger.infrastructure.eventstore.group_commit import GroupCommitWriter, Written
+from gateway_ledger.infrastructure.eventstore.group_commit import GroupCommitWriter
 from tests.conftest import close_left_open
 from tests.gateway_fakes import ScriptedAdapter
+from tests.test_gateway_untracked import CTX, deliver_one
 
-CTX = ReplyContext(session_key="agent:main:telegram:dm:7", platform="telegram", chat_id="7")
 IMAGE = MediaItem(kind="image", uri="file:///cat.png")
 
 
@@ -37,15 +37,8 @@ class DeadlinePassedAsItLanded(GroupCommitWriter):
         super().__init__(ledger)
         self.raced = False
 
-    def submit_waiting(
-        self,
-        events: Sequence[Any],
-        *,
-        label: str = "",
-        after: Written | None = None,
-        on_error: Callable[[BaseException], object] | None = None,
-    ) -> tuple[Any, asyncio.Future[None]]:
-        handle, waiter = super().submit_waiting(events, label=label, after=after, on_error=on_error)
+    def submit_waiting(self, events: Sequence[Any], **kwargs: Any) -> Any:
+        handle, waiter = super().submit_waiting(events, **kwargs)
         if self.raced:
             return handle, waiter
         self.raced = True
@@ -88,11 +81,7 @@ def test_a_record_refused_as_its_deadline_passed_is_not_sent_again(
     record is refused (a conflict), and the reply is not sent a second time."""
 
     async def main() -> None:
-        first = ScriptedAdapter()
-        async with Gateway.open(store_location) as gw:
-            await gw.start([first])
-            done = await gw.deliver(CTX, Reply("once"), "in-1")
-            assert done.status == "delivered"
+        await deliver_one(store_location, "once", "in-1")  # by another gateway
         ledger = DeliveryLedger.open(store_location)
         second = ScriptedAdapter()
         async with Gateway(ledger, writer=DeadlinePassedAsItLanded(ledger)) as gw:
