@@ -306,7 +306,7 @@ class Courier:
             agg.collect_events(), label=oid, on_error=record_failed
         )
         ended: BaseException | None = None  # how the record ended, as far as known now
-        fault = late = pending = False
+        late = pending = False
         try:
             with tracing.span("record", obligation_id=oid, platform=context.platform):
                 await self._durable(waiter)
@@ -318,8 +318,7 @@ class Courier:
                 # refused one is the same turn's reply recorded already), and leave any
                 # failure to ``_record_failed``, which counts what fails after the deadline.
                 self.fault(oid, "record", e)
-                fault = late = True
-                pending = not future.done()  # looked at once: it may end any time
+                late, pending = True, not future.done()  # looked at once: it may end any time
                 if not pending:
                     ended = future.exception()
         if isinstance(ended, ConcurrentUpdate):
@@ -334,12 +333,11 @@ class Courier:
             if place is not None:
                 self.pacer.leave(place)
             return self._erased(oid, "record")
-        if ended is not None and not late:
+        if ended is not None and not late:  # failed within the deadline: said and counted here
             self.fault(oid, "record", ended)
-            fault = True
+            self.counters.untracked += 1  # its record failed: nothing will recover it
+        fault = late or ended is not None
         failed = ended is not None and not pending  # it did not land: nothing recovers it
-        if failed and not late:
-            self.counters.untracked += 1
         if adapter is None:
             log.info("obligation %s queued: platform %s not connected", oid, context.platform)
             return DeliveryOutcome(status="queued", obligation_id=oid, ledger_fault=fault)

@@ -266,13 +266,17 @@ class GroupCommitWriter:
     def _hand_over(self, iteration: _Iteration) -> None:
         """Queue an iteration's held writes, in order (``_cond`` held)."""
         held, iteration.held = iteration.held, []
-        if not held:
-            return
+        if held:
+            self._queue_locked(held)
+
+    def _queue_locked(self, jobs: list[_Job]) -> None:
+        """Give jobs to the writer thread, in order; refuse them once it is closed
+        (``_cond`` held)."""
         if self._closed:
-            self._settle(held, LedgerUnavailable("the ledger writer is closed"))
+            self._settle(jobs, LedgerUnavailable("the ledger writer is closed"))
             return
         self._start_locked()
-        for job in held:
+        for job in jobs:
             self._queue.put(job)
 
     def submit_behind(
@@ -356,13 +360,9 @@ class GroupCommitWriter:
         stamp(events)  # on the caller's side: its turn and trace (ADR 0058)
         job = _Job(label, list(events), future, after, waiter, on_error)
         with self._cond:
-            if self._closed:
-                self._settle([job], LedgerUnavailable("the ledger writer is closed"))
+            if loop is not None and not self._closed and self._held(loop, job):
                 return
-            if loop is not None and self._held(loop, job):
-                return
-            self._start_locked()
-            self._queue.put(job)
+            self._queue_locked([job])
 
     async def write(self, events: Sequence[Any], *, label: str = "") -> None:
         await self.submit_waiting(events, label=label)[1]
