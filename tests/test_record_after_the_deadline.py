@@ -6,7 +6,8 @@ the record for failed: the reply went on untracked, its later parts and ``Delive
 were never written, and a claimer later re-sent those parts without the duplicate
 marker (found by ``simulate --faults``, PostgreSQL seed 9: an unlabelled copy of a
 media part). A record that landed is tracked; one refused because the same turn was
-recorded by another gateway is not sent again.
+recorded by another gateway is not sent again. One whose session was forgotten while it
+waited, made before the erasure, is not sent: its record will be refused (ADR 0073).
 
 The writer here is the real group-commit writer on a real store; only the caller's
 wait is made to end in ``TimeoutError`` once the write has ended, the race's outcome.
@@ -15,11 +16,15 @@ wait is made to end in ``TimeoutError`` once the write has ended, the race's out
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
+
 from gateway_ledger.application.delivery.ports import Reply
 from gateway_ledger.bootstrap import DeliveryLedger, Gateway
+from gateway_ledger.domain.errors import NotFound
 from gateway_ledger.domain.values import MediaItem
 from gateway_ledger.infrastructure.eventstore.group_commit import GroupCommitWriter
 from tests.conftest import close_left_open
@@ -90,6 +95,99 @@ def test_a_record_refused_as_its_deadline_passed_is_not_sent_again(
             assert again.status == "already_recorded", again
             assert gw.stats().untracked == 0
         assert second.sent == []
+
+    asyncio.run(main())
+    close_left_open()
+
+
+class ErasedWhileTheRecordWaits(GroupCommitWriter):
+    """The real writer. The first waited-for write is held in the writer thread: the
+    session is forgotten there, then its caller's wait ends in ``TimeoutError`` as the
+    gateway's deadline ends it (the write still pending), and the write goes on, to be
+    refused, once the reply's task has ended."""
+
+    def __init__(self, ledger: DeliveryLedger, session_key: str, *, forget: bool = True) -> None:
+        super().__init__(ledger, append=self._held_append)
+        self.ledger = ledger
+        self.session_key = session_key
+        self.forget = forget
+        self.task_ended = threading.Event()
+        self._first: asyncio.Future[None] | None = None
+        self._store = ledger.events.append
+
+    def submit_waiting(self, events: Sequence[Any], **kwargs: Any) -> Any:
+        handle, waiter = super().submit_waiting(events, **kwargs)
+        if self._first is None:
+            self._first = waiter
+        return handle, waiter
+
+    def _held_append(self, events: Sequence[Any]) -> None:
+        waiter = self._first
+        if waiter is not None and not self.task_ended.is_set():
+            if self.forget:
+                self.ledger.forget_session(self.session_key)  # while the record waits
+            timeout = TimeoutError("the ledger write is slower than ledger_deadline")
+            waiter.get_loop().call_soon_threadsafe(waiter.set_exception, timeout)
+            self.task_ended.wait(10)  # the reply's task went on without this write
+        self._store(events)
+
+
+def test_a_reply_whose_session_was_forgotten_while_its_record_waited_is_not_sent(
+    store_location: str,
+) -> None:
+    """The record outlived its deadline, and the session was forgotten meanwhile: the
+    reply was made before the erasure, so it is not sent (ADR 0073), and its record is
+    refused when it comes. Before, the ownership check found nothing recorded and sent."""
+
+    async def main() -> None:
+        ledger = DeliveryLedger.open(store_location)
+        adapter = ScriptedAdapter()
+        writer = ErasedWhileTheRecordWaits(ledger, CTX.session_key)
+        async with Gateway(ledger, writer=writer) as gw:
+            await gw.start([adapter])
+            try:
+                out = await gw.deliver(CTX, Reply("from a forgotten conversation"), "in-1")
+            finally:
+                writer.task_ended.set()
+            await writer.write([])  # queued after the record: its refusal has been told
+            assert out.status == "erased", out
+            stats = gw.stats()
+            assert stats.erased == 1
+            assert stats.untracked == 0  # nothing went out, untracked or not
+            assert stats.ledger_faults == 1  # the deadline passed; the refusal is no fault
+            with pytest.raises(NotFound):
+                gw.ledger.get(out.obligation_id)  # the record was refused
+        assert adapter.sent == []
+
+    asyncio.run(main())
+    close_left_open()
+
+
+def test_a_reply_made_after_its_session_was_forgotten_is_sent_while_its_record_waits(
+    store_location: str,
+) -> None:
+    """The same wait, for a reply made after the erasure: it belongs to a new conversation
+    (ADR 0071's time rule), goes out, and its record lands under a new key."""
+
+    async def main() -> None:
+        await deliver_one(store_location, "before", "in-0")
+        ledger = DeliveryLedger.open(store_location)
+        ledger.forget_session(CTX.session_key)
+        adapter = ScriptedAdapter()
+        writer = ErasedWhileTheRecordWaits(ledger, CTX.session_key, forget=False)
+        async with Gateway(ledger, writer=writer) as gw:
+            await gw.start([adapter])
+            try:
+                out = await gw.deliver(CTX, Reply("a new conversation"), "in-1")
+            finally:
+                writer.task_ended.set()
+            await writer.write([])
+            await gw.flush()
+            assert out.status == "delivered", out
+            stats = gw.stats()
+            assert (stats.erased, stats.untracked, stats.ledger_faults) == (0, 0, 1)
+            assert gw.ledger.get(out.obligation_id).state == "delivered"
+        assert [sent.content for sent in adapter.sent] == ["a new conversation"]
 
     asyncio.run(main())
     close_left_open()

@@ -113,6 +113,7 @@ class DeliveryOutcome:
 OWNER_PROVEN = "proven"
 OWNER_SUPERSEDED = "superseded"
 OWNER_UNPROVEN = "unproven"
+OWNER_ERASED = "erased"
 
 
 @attrs.define
@@ -159,6 +160,8 @@ class Flight:
     """Its place in its chat's queue (ADR 0065); None: not ordered (untracked)."""
     turn_taken: bool = False
     """It has waited for its turn once: retries and later parts do not wait again."""
+    handed_off: int = 0
+    """Parts handed to the platform by this flight (whatever their result)."""
 
     @property
     def oid(self) -> str:
@@ -298,8 +301,10 @@ class Courier:
                 return DeliveryOutcome(status="failed", obligation_id=oid, ledger_fault=True)
             return await self._send_untracked(oid, context, reply, inbound_message_id, adapter)
 
+        flight: Flight | None = None  # once the reply goes on: what its record's end affects
+
         def record_failed(error: BaseException) -> None:
-            self._record_failed(oid, waiter, error)
+            self._record_failed(oid, waiter, error, flight)
 
         epoch = self.lease_epoch()
         future, waiter = self.writer.submit_waiting(
@@ -378,14 +383,25 @@ class Courier:
         log.info("obligation %s not sent: its session was erased (%s)", oid, stage)
         return DeliveryOutcome(status="erased", obligation_id=oid)
 
-    def _record_failed(self, oid: str, waiter: asyncio.Future[None], error: BaseException) -> None:
+    def _record_failed(
+        self,
+        oid: str,
+        waiter: asyncio.Future[None],
+        error: BaseException,
+        flight: Flight | None,
+    ) -> None:
         """On the loop: a reply's record write failed. Within the deadline ``deliver`` saw
         it and counted it; after the deadline the reply went on as if tracked, so the
         failure is counted here (a ledger fault, and an untracked reply unless the id was
-        recorded by another writer meanwhile)."""
+        recorded by another writer meanwhile), unless the reply was withheld because its
+        session was forgotten, which is what refused the record (ADR 0073)."""
         if waiter.cancelled() or not waiter.done():
             return
         if not isinstance(waiter.exception(), TimeoutError):
+            return
+        withheld = flight is not None and flight.erased and not flight.handed_off
+        if withheld and isinstance(error, SessionErased):
+            log.info("obligation %s: record refused, its session was erased; not sent", oid)
             return
         self.fault(oid, "record after the deadline", error)
         if not isinstance(error, ConcurrentUpdate):
@@ -584,6 +600,8 @@ class Courier:
                 self._note_wait(flight, why, waited)
             if not self._owns(flight):
                 verdict = await self._prove_owner(flight)
+                if verdict == OWNER_ERASED:
+                    return self._erased(flight.oid, "record")
                 if verdict == OWNER_SUPERSEDED and flight.record_unconfirmed:
                     self.counters.already_recorded += 1
                     log.info("obligation %s already recorded by another gateway", flight.oid)
@@ -613,6 +631,7 @@ class Courier:
                 await start()
             if recovery and (flight.erased or flight.conflicted):
                 return self._recovery_send_stopped(flight, receipt)
+            flight.handed_off += 1
             with tracing.span("send", obligation=agg, part=part.index) as opened:
                 result = await self._platform_send(adapter, target, text, part, agg, key)
                 tracing.annotate(opened, error_class=result.error_class)
@@ -693,28 +712,38 @@ class Courier:
 
     async def _prove_owner(self, flight: Flight) -> str:
         """Renew the lease and re-read the obligation: still ours (proven), taken by a claim
-        or settled by another writer (superseded), or unknowable now (unproven: the store
-        is down or slower than ``ledger_deadline``; a ledger fault). The read does not wait
-        for this gateway's own writes still queued: they change neither owner nor fence."""
+        or settled by another writer (superseded), not recorded and its session forgotten
+        since the reply was made (erased: its record will be refused, ADR 0073), or
+        unknowable now (unproven: the store is down or slower than ``ledger_deadline``; a
+        ledger fault). The read does not wait for this gateway's own writes still queued:
+        they change neither owner nor fence."""
         heartbeat = self.ledger.heartbeat
         oid = flight.oid
+        agg = flight.agg
 
-        def check() -> tuple[int, Any]:
+        def check() -> tuple[int, Any, bool]:
             if heartbeat is not None:
                 heartbeat.renew()
             epoch = self.lease_epoch()
             try:
-                return epoch, self.ledger.get(oid)
+                return epoch, self.ledger.get(oid), False
             except NotFound:
-                return epoch, None  # never recorded: nobody else can own it
+                # Not recorded: nobody else can own it. Its record may still be on its
+                # way, and refused if the session was forgotten since the reply was made.
+                forgotten = self.ledger.forgotten_since(agg.session_key, agg.recorded_at)
+                return epoch, None, forgotten
 
         try:
-            epoch, stored = await asyncio.wait_for(
+            epoch, stored, forgotten = await asyncio.wait_for(
                 self.writer.read(check), timeout=self.ledger_deadline
             )
         except Exception as e:
             self.fault(oid, "ownership check", e)
             return OWNER_UNPROVEN
+        if forgotten:
+            flight.tracked = False
+            flight.erased = True
+            return OWNER_ERASED
         if stored is not None and (
             stored.owner != self.owner
             or stored.fence != flight.agg.fence

@@ -487,6 +487,17 @@ class DeliveryLedger(Application[UUID], ABC):
         """True when the obligation's session was forgotten: never send it, abandon it."""
         return is_erased(self, self._uuid(obligation_id))
 
+    def forgotten_since(self, session_key: str, made_at: datetime) -> bool:
+        """True when the session was forgotten after ``made_at``: a reply made then
+        belongs to the forgotten conversation, and its sealed record is refused
+        (ADR 0071), so a reply whose record is still on its way is not sent (ADR 0073).
+        False where nothing is sealed. One key-table read."""
+        mapper = self.private_mapper
+        if not mapper.encrypt:
+            return False
+        keys = mapper.keyring
+        return keys.forgotten_after(keys.subject_id(session_key), made_at)
+
     # -- reads --------------------------------------------------------------------------------
 
     def get(self, obligation_id: str) -> ObligationStatus:

@@ -67,6 +67,9 @@ class Keys(Protocol):
     def opening_key(self, subject_id: str, key_id: str) -> object | None:
         """The key that opens what was sealed under ``key_id``; None once destroyed."""
 
+    def forgotten_after(self, subject_id: str, made_at: datetime) -> bool:
+        """Whether the subject was erased after ``made_at`` (its tombstone says so)."""
+
 
 class SealingMapper(Protocol):
     """The mapper that seals personal fields on the way to the store."""
@@ -76,6 +79,10 @@ class SealingMapper(Protocol):
 
     @property
     def policy(self) -> PrivacyPolicy: ...
+
+    @property
+    def encrypt(self) -> bool:
+        """Whether personal fields are sealed (False: stored in clear)."""
 
     @property
     def first_event(self) -> Callable[[UUID], StoredFirstEvent | None] | None: ...

@@ -980,7 +980,7 @@ class DeliveryObligation(Aggregate):
         )
 
     def check_reconciler(self, by: OwnerIdentity) -> None:
-        """Only the owner asks the platform before its own re-send (fencing, ADR 0042)."""
+        """Only the owner asks the platform before its own re-send (fencing, ADR 0073)."""
         if by != self.owner:
             raise self._refuse("reconciled", f"owned by {self.owner.describe()}; fenced out")
 

@@ -90,6 +90,12 @@ def overtaken_by_erasure(
     """
     if seen.setdefault(subject_id, tombstone) != tombstone:
         return True
+    return made_before_erasure(made_at, erased_at)
+
+
+def made_before_erasure(made_at: datetime | None, erased_at: str) -> bool:
+    """Whether something made at ``made_at`` (None: not known) belongs to the
+    conversation an erasure at ``erased_at`` (a tombstone's time, ISO 8601) forgot."""
     return made_at is not None and made_at < datetime.fromisoformat(erased_at)
 
 

@@ -38,6 +38,7 @@ from gateway_ledger.infrastructure.privacy.key_table import (
     KeyTable,
     NewKeyRow,
     is_tombstone,
+    made_before_erasure,
     overtaken_by_erasure,
 )
 from gateway_ledger.infrastructure.privacy.master_key import (
@@ -278,6 +279,14 @@ class KeyRing:
                 write.used[subject_id] = key_id
         self._cache(subject_id, key_id, aead)
         return key_id, aead
+
+    def forgotten_after(self, subject_id: str, made_at: datetime) -> bool:
+        """Whether the subject's row is the tombstone of an erasure that came after
+        ``made_at``: what was made then belongs to the forgotten conversation, and a write
+        of it sealed before the erasure is refused (ADR 0071). Reads the key table; an
+        erasure whose tombstone a newer key replaced is no longer seen (ADR 0073)."""
+        row = self.table.find(subject_id)
+        return row is not None and is_tombstone(row[0]) and made_before_erasure(made_at, row[2])
 
     @staticmethod
     def _tombstone_to_replace(
