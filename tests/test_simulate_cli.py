@@ -104,3 +104,28 @@ def test_a_request_without_its_answer_is_put_on_the_kill_that_took_its_asker() -
     # answers unrecorded; o3: 13 killed, another process's answer does not count for it;
     # o4: not read (unreadable in a --faults run), so not judged.
     assert unrecorded_requests(asked, answered, read, finished) == (2, 1)
+
+
+def test_simulate_refuses_a_store_that_holds_another_runs_events(
+    store_location: str,
+) -> None:
+    """A run counts every obligation in its store: on a store that holds another run's,
+    those would be judged lost. The run is refused before anything starts."""
+    from gateway_ledger.bootstrap import DeliveryLedger
+    from tests.conftest import close_left_open
+
+    ledger = DeliveryLedger.open(store_location)
+    ledger.record_obligation(
+        obligation_id="left-over", session_key="k", platform="telegram", chat_id="c", content="hi"
+    )
+    ledger.close()
+    close_left_open()
+    done = subprocess.run(
+        [SCRIPT, "simulate", "--db", store_location, *SMALL],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "already holds 1 event(s)" in done.stderr
+    assert done.stdout == ""

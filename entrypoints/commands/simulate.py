@@ -21,6 +21,8 @@ import argparse
 import json
 import sys
 
+from gateway_ledger.bootstrap import open_ledger
+from gateway_ledger.domain.errors import NotAStore
 from gateway_ledger.entrypoints.console import Subcommands
 from gateway_ledger.entrypoints.simulation.driver import Simulation
 from gateway_ledger.entrypoints.simulation.report import FaultReport, Report, SimulationConfig
@@ -63,6 +65,20 @@ def register(subparsers: Subcommands) -> None:
     parser.set_defaults(handler=run)
 
 
+def events_held(location: str) -> int:
+    """Events already in the store at ``location`` (0: none, or no store there yet). A
+    run's verdict counts every obligation in its store: another run's would be judged
+    lost or unaccounted for."""
+    try:
+        ledger = open_ledger(location, existing=True, check_key=False)
+    except NotAStore:
+        return 0
+    try:
+        return ledger.recorder.max_notification_id() or 0
+    finally:
+        ledger.close()
+
+
 def run(args: argparse.Namespace) -> int:
     config = SimulationConfig(
         seed=args.seed,
@@ -79,6 +95,14 @@ def run(args: argparse.Namespace) -> int:
         print(
             "simulate: --backlog must not be negative, and needs --turns 2 or more (each"
             " conversation keeps a live turn after the backlog)",
+            file=sys.stderr,
+        )
+        return 2
+    held = events_held(args.db) if args.db else 0
+    if held:
+        print(
+            f"simulate: the store at {args.db} already holds {held} event(s); a simulation"
+            " judges a store of its own (give a new file, or a fresh ?schema=NAME)",
             file=sys.stderr,
         )
         return 2
