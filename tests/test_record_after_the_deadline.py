@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from gateway_ledger.application.delivery.flight import DeliveryOutcome
 from gateway_ledger.application.delivery.ports import Reply
 from gateway_ledger.bootstrap import DeliveryLedger, Gateway
 from gateway_ledger.domain.errors import NotFound
@@ -132,6 +133,19 @@ class ErasedWhileTheRecordWaits(GroupCommitWriter):
         self._store(events)
 
 
+async def deliver_while_the_record_waits(
+    gw: Gateway, writer: ErasedWhileTheRecordWaits, text: str
+) -> DeliveryOutcome:
+    """Deliver one reply whose record ``writer`` holds; once the reply's task ended, let
+    the record go on, and return when its end has been told (a later write has landed)."""
+    try:
+        out = await gw.deliver(CTX, Reply(text), "in-1")
+    finally:
+        writer.task_ended.set()
+    await writer.write([])
+    return out
+
+
 def test_a_reply_whose_session_was_forgotten_while_its_record_waited_is_not_sent(
     store_location: str,
 ) -> None:
@@ -145,11 +159,7 @@ def test_a_reply_whose_session_was_forgotten_while_its_record_waited_is_not_sent
         writer = ErasedWhileTheRecordWaits(ledger, CTX.session_key)
         async with Gateway(ledger, writer=writer) as gw:
             await gw.start([adapter])
-            try:
-                out = await gw.deliver(CTX, Reply("from a forgotten conversation"), "in-1")
-            finally:
-                writer.task_ended.set()
-            await writer.write([])  # queued after the record: its refusal has been told
+            out = await deliver_while_the_record_waits(gw, writer, "from a forgotten conversation")
             assert out.status == "erased", out
             stats = gw.stats()
             assert stats.erased == 1
@@ -177,11 +187,7 @@ def test_a_reply_made_after_its_session_was_forgotten_is_sent_while_its_record_w
         writer = ErasedWhileTheRecordWaits(ledger, CTX.session_key, forget=False)
         async with Gateway(ledger, writer=writer) as gw:
             await gw.start([adapter])
-            try:
-                out = await gw.deliver(CTX, Reply("a new conversation"), "in-1")
-            finally:
-                writer.task_ended.set()
-            await writer.write([])
+            out = await deliver_while_the_record_waits(gw, writer, "a new conversation")
             await gw.flush()
             assert out.status == "delivered", out
             stats = gw.stats()

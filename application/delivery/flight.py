@@ -601,7 +601,7 @@ class Courier:
             if not self._owns(flight):
                 verdict = await self._prove_owner(flight)
                 if verdict == OWNER_ERASED:
-                    return self._erased(flight.oid, "record")
+                    return self._erased(flight.oid, f"before part {part.index}")
                 if verdict == OWNER_SUPERSEDED and flight.record_unconfirmed:
                     self.counters.already_recorded += 1
                     log.info("obligation %s already recorded by another gateway", flight.oid)
