@@ -34,20 +34,11 @@ from gateway_ledger.infrastructure.ownership.leases import LEASES_ENV
 from gateway_ledger.infrastructure.privacy.master_key import KEY_FILE_ENV, MASTER_KEY_ENV
 from tests.conftest import close_left_open
 from tests.gateway_fakes import ScriptedAdapter
-
-KEY = "agent:main:telegram:dm:7"
-CTX = ReplyContext(session_key=KEY, platform="telegram", chat_id="7")
+from tests.gateway_support import CTX, KEY, deliver_one
 
 
 def key_b64(byte: bytes) -> str:
     return base64.b64encode(byte * 32).decode()
-
-
-async def deliver_one(location: str, text: str = "first", inbound: str = "in-0") -> None:
-    async with Gateway.open(location) as gw:
-        await gw.start([ScriptedAdapter()])
-        out = await gw.deliver(CTX, Reply(text), inbound)
-        assert out.status == "delivered" and not out.ledger_fault
 
 
 async def start_and_deliver(location: str, caplog: Any) -> tuple[Any, Any, Any, ScriptedAdapter]:

@@ -30,7 +30,7 @@ from gateway_ledger.domain.values import MediaItem
 from gateway_ledger.infrastructure.eventstore.group_commit import GroupCommitWriter
 from tests.conftest import close_left_open
 from tests.gateway_fakes import ScriptedAdapter
-from tests.test_gateway_untracked import CTX, deliver_one
+from tests.gateway_support import CTX, deliver_one
 
 IMAGE = MediaItem(kind="image", uri="file:///cat.png")
 
