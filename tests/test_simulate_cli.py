@@ -10,6 +10,9 @@ from typing import Any
 
 import pytest
 
+from gateway_ledger.bootstrap import DeliveryLedger
+from tests.conftest import close_left_open
+
 SCRIPT = str(Path(sys.executable).parent / "gateway-ledger")
 
 
@@ -111,9 +114,6 @@ def test_simulate_refuses_a_store_that_holds_another_runs_events(
 ) -> None:
     """A run counts every obligation in its store: on a store that holds another run's,
     those would be judged lost. The run is refused before anything starts."""
-    from gateway_ledger.bootstrap import DeliveryLedger
-    from tests.conftest import close_left_open
-
     ledger = DeliveryLedger.open(store_location)
     ledger.record_obligation(
         obligation_id="left-over", session_key="k", platform="telegram", chat_id="c", content="hi"
