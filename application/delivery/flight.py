@@ -348,7 +348,7 @@ class Courier:
             return DeliveryOutcome(status="queued", obligation_id=oid, ledger_fault=fault)
         # After a timeout the commit may still land: later writes are chained after it.
         # A record that timed out may yet conflict with an earlier record of the same
-        # turn: that is proven or disproven before the first hand-off (ADR 0032).
+        # turn: that is proven or disproven before the first hand-off (ADR 0073).
         flight = Flight(
             agg=agg,
             adapter=adapter,
