@@ -28,3 +28,28 @@ def test_a_wait_past_its_deadline_ends_in_timeout_after_many_that_settled_in_tim
         deadlines.close()
 
     asyncio.run(main())
+
+
+def test_waits_that_settled_are_let_go_before_their_deadline() -> None:
+    """A busy gateway's settled waits are not held until the timer fires: the deque holds
+    about the waits in flight, so no reply's waiter outlives its wait by seconds."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        deadlines = Deadlines(60.0)
+        in_flight: list[asyncio.Future[None]] = []
+        for n in range(1000):
+            waiter: asyncio.Future[None] = loop.create_future()
+            deadlines.watch(waiter)
+            in_flight.append(waiter)
+            if n % 8 == 7:  # eight wait together, then their group commits
+                for settled in in_flight:
+                    settled.set_result(None)
+                in_flight.clear()
+            assert deadlines.held() <= 9
+        slow: asyncio.Future[None] = loop.create_future()
+        deadlines.watch(slow)
+        assert deadlines.held() == 1  # only the wait still in flight
+        deadlines.close()
+
+    asyncio.run(main())

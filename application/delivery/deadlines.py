@@ -5,6 +5,12 @@ a cancel, and a heap full of cancelled handles when 64 conversations wait at onc
 Every wait here has the same length, so deadlines expire in the order they were set:
 a deque and a single timer, re-armed for the oldest wait still pending, do the job in
 O(1) per wait. The waited-for write itself is never cancelled; only the wait ends.
+
+Waits that settled are let go at the next ``watch``, not when the oldest deadline's timer
+fires: the deque then holds about the waits in flight, not every wait of the last
+``ledger_deadline`` seconds. Kept that long, each reply's waiter and its entry outlived
+the collector's young generations, were promoted to the oldest, and made every full
+collection walk thousands of them (docs/performance.md, round 14).
 """
 
 from __future__ import annotations
@@ -23,9 +29,16 @@ class Deadlines:
 
     def watch(self, waiter: asyncio.Future[None]) -> None:
         loop = waiter.get_loop()
-        self._waiting.append((loop.time() + self.seconds, waiter))
+        waiting = self._waiting
+        while waiting and waiting[0][1].done():  # settled in time: nothing left to watch
+            waiting.popleft()
+        waiting.append((loop.time() + self.seconds, waiter))
         if self._timer is None:
             self._arm(loop)
+
+    def held(self) -> int:
+        """How many waits are held: those in flight, and settled ones not yet let go."""
+        return len(self._waiting)
 
     def _arm(self, loop: asyncio.AbstractEventLoop) -> None:
         waiting = self._waiting
