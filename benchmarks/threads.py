@@ -12,22 +12,34 @@ a warm-up segment, one timed segment; per lifecycle it prints:
 - voluntary context switches (a thread that slept: a wake-up, a lock wait, an fsync);
 - bytes and write calls the process wrote (``/proc/self/io``: ``wchar``, ``syscw``), and the
   bytes it read back (``rchar``: the WAL checkpoint reading its log);
-- commits, and the stored events' bytes per lifecycle (what a lifecycle adds to the store).
+- commits, and the stored events' bytes per lifecycle (what a lifecycle adds to the store);
+- the garbage collector: collections of each generation per 1,000 lifecycles, and the time
+  spent in them per lifecycle (``gc.callbacks``; the collector runs on whichever thread
+  allocates, holding the interpreter lock, so its wall time is CPU time), and the longest
+  collection: a pause of every conversation on the loop.
+
+``--freeze-gc`` calls ``gc.freeze()`` after the warm-up segment, as docs/operating.md
+advises a gateway to do once it has started: what was alive then (modules, classes, the
+ledger's and the platforms' long-lived objects) is never scanned again, so a full
+collection walks only what the replies in flight hold. The collector belongs to the
+process, so the library never does this itself (docs/performance.md, round 14).
 
 No baseline: this is the budget of ``delivery.py``'s figures, not a target (Linux only).
 
-    python benchmarks/threads.py [--quick] [--postgres URL]
+    python benchmarks/threads.py [--quick] [--postgres URL] [--freeze-gc]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import resource
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -59,26 +71,61 @@ def thread_cpu_ns() -> dict[str, int]:
     return out
 
 
+class CollectorClock:
+    """Collections of each generation, the seconds spent in them and the longest one (the
+    longest the event loop was held by the collector), while installed."""
+
+    def __init__(self) -> None:
+        self.collections = [0, 0, 0]
+        self.seconds = 0.0
+        self.longest = 0.0
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            took = time.perf_counter() - self._started
+            self.seconds += took
+            self.longest = max(self.longest, took)
+            self.collections[info["generation"]] += 1
+
+    def __enter__(self) -> CollectorClock:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        gc.callbacks.remove(self)
+
+
 def io_counters() -> dict[str, int]:
     with open("/proc/self/io") as f:
         return {k: int(v) for k, v in (line.split(": ") for line in f.read().splitlines())}
 
 
-async def measure(location: Path | str, concurrency: int, lifecycles: int) -> dict[str, float]:
+async def measure(
+    location: Path | str, concurrency: int, lifecycles: int, freeze: bool
+) -> dict[str, float]:
     ours = await Ours.open(location, encrypt=True)
     per_conv = max(1, lifecycles // concurrency)
     done = per_conv * concurrency
     try:
         await ours.segment(0, per_conv, concurrency)  # warm-up
+        if freeze:
+            gc.collect()
+            gc.freeze()
         commits = ours.gateway.stats().commits
         threads, io = thread_cpu_ns(), io_counters()
         usage = resource.getrusage(resource.RUSAGE_SELF)
-        await ours.segment(per_conv, per_conv, concurrency)
+        with CollectorClock() as collector:
+            await ours.segment(per_conv, per_conv, concurrency)
         after = resource.getrusage(resource.RUSAGE_SELF)
         threads_after, io_after = thread_cpu_ns(), io_counters()
         commits = ours.gateway.stats().commits - commits
     finally:
         await ours.close()
+        if freeze:
+            gc.unfreeze()
     row = {f"{k} µs": (v - threads.get(k, 0)) / 1e3 / done for k, v in threads_after.items()}
     row["user µs"] = 1e6 * (after.ru_utime - usage.ru_utime) / done
     row["system µs"] = 1e6 * (after.ru_stime - usage.ru_stime) / done
@@ -87,6 +134,10 @@ async def measure(location: Path | str, concurrency: int, lifecycles: int) -> di
     row["write calls"] = (io_after["syscw"] - io["syscw"]) / done
     row["read bytes"] = (io_after["rchar"] - io["rchar"]) / done
     row["commits"] = commits / done
+    for generation, count in enumerate(collector.collections):
+        row[f"gen{generation} collections per 1,000"] = 1000 * count / done
+    row["collector µs"] = 1e6 * collector.seconds / done
+    row["longest collection ms"] = 1e3 * collector.longest
     return row
 
 
@@ -94,6 +145,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer lifecycles")
     parser.add_argument("--postgres", metavar="URL", default=None)
+    parser.add_argument(
+        "--freeze-gc", action="store_true", help="gc.freeze() after the warm-up segment"
+    )
     args = parser.parse_args()
     shapes = {
         "(a) one conversation": (1, 500 if args.quick else 2_000),
@@ -106,12 +160,16 @@ def main() -> None:
         location = our_location(tmp, f"threads-{concurrency}", args.postgres)
         meter.sample()
         try:
-            rows[shape] = asyncio.run(measure(location, concurrency, lifecycles))
+            rows[shape] = asyncio.run(measure(location, concurrency, lifecycles, args.freeze_gc))
         finally:
             drop_schema(location)
     meter.close()
     store = "PostgreSQL" if args.postgres else "SQLite"
-    print(f"per lifecycle, Gateway.deliver, encryption on, {store} (thread CPU from schedstat)")
+    frozen = ", gc.freeze() after the warm-up" if args.freeze_gc else ""
+    print(
+        f"per lifecycle, Gateway.deliver, encryption on, {store}{frozen}"
+        " (thread CPU from schedstat)"
+    )
     keys = [k for k in next(iter(rows.values())) if not k.startswith(("reader", "other"))]
     print("| figure | " + " | ".join(rows) + " |")
     print("| --- | " + " | ".join("---:" for _ in rows) + " |")
