@@ -18,7 +18,7 @@ a warm-up segment, one timed segment; per lifecycle it prints:
   allocates, holding the interpreter lock, so its wall time is CPU time), and the longest
   collection: a pause of every conversation on the loop.
 
-``--freeze-gc`` calls ``gc.freeze()`` after the warm-up segment, as docs/operating.md
+``--freeze-gc`` calls ``gc.freeze()`` after the warm-up segment, as docs/delivery.md
 advises a gateway to do once it has started: what was alive then (modules, classes, the
 ledger's and the platforms' long-lived objects) is never scanned again, so a full
 collection walks only what the replies in flight hold. The collector belongs to the
