@@ -29,10 +29,8 @@ class Deadlines:
 
     def watch(self, waiter: asyncio.Future[None]) -> None:
         loop = waiter.get_loop()
-        waiting = self._waiting
-        while waiting and waiting[0][1].done():  # settled in time: nothing left to watch
-            waiting.popleft()
-        waiting.append((loop.time() + self.seconds, waiter))
+        self._let_go_settled()
+        self._waiting.append((loop.time() + self.seconds, waiter))
         if self._timer is None:
             self._arm(loop)
 
@@ -40,10 +38,15 @@ class Deadlines:
         """How many waits are held: those in flight, and settled ones not yet let go."""
         return len(self._waiting)
 
-    def _arm(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _let_go_settled(self) -> None:
+        """Drop the waits at the head that settled in time: nothing is left to watch."""
         waiting = self._waiting
         while waiting and waiting[0][1].done():
             waiting.popleft()
+
+    def _arm(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._let_go_settled()
+        waiting = self._waiting
         self._timer = loop.call_at(waiting[0][0], self._expire, loop) if waiting else None
 
     def _expire(self, loop: asyncio.AbstractEventLoop) -> None:
