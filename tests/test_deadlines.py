@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 
 import pytest
 
@@ -31,25 +32,25 @@ def test_a_wait_past_its_deadline_ends_in_timeout_after_many_that_settled_in_tim
 
 
 def test_waits_that_settled_are_let_go_before_their_deadline() -> None:
-    """A busy gateway's settled waits are not held until the timer fires: the deque holds
-    about the waits in flight, so no reply's waiter outlives its wait by seconds."""
+    """A busy gateway's settled waits are not held until the timer fires: once a group has
+    committed, the next wait lets its waiters go, so no reply's waiter outlives its wait by
+    seconds (held, they were promoted to the collector's oldest generation)."""
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
         deadlines = Deadlines(60.0)
-        in_flight: list[asyncio.Future[None]] = []
-        for n in range(1000):
-            waiter: asyncio.Future[None] = loop.create_future()
-            deadlines.watch(waiter)
-            in_flight.append(waiter)
-            if n % 8 == 7:  # eight wait together, then their group commits
-                for settled in in_flight:
-                    settled.set_result(None)
-                in_flight.clear()
-            assert deadlines.held() <= 9
+        settled: list[weakref.ReferenceType[asyncio.Future[None]]] = []
+        for _ in range(125):  # eight wait together, then their group commits
+            group: list[asyncio.Future[None]] = [loop.create_future() for _ in range(8)]
+            for waiter in group:
+                deadlines.watch(waiter)
+            for waiter in group:
+                waiter.set_result(None)
+            settled.extend(weakref.ref(waiter) for waiter in group)
+            del group, waiter
         slow: asyncio.Future[None] = loop.create_future()
         deadlines.watch(slow)
-        assert deadlines.held() == 1  # only the wait still in flight
+        assert [ref for ref in settled if ref() is not None] == []  # freed, not held
         deadlines.close()
 
     asyncio.run(main())

@@ -34,10 +34,6 @@ class Deadlines:
         if self._timer is None:
             self._arm(loop)
 
-    def held(self) -> int:
-        """How many waits are held: those in flight, and settled ones not yet let go."""
-        return len(self._waiting)
-
     def _let_go_settled(self) -> None:
         """Drop the waits at the head that settled in time: nothing is left to watch."""
         waiting = self._waiting
