@@ -8,9 +8,11 @@ O(1) per wait. The waited-for write itself is never cancelled; only the wait end
 
 Waits that settled are let go at the next ``watch``, not when the oldest deadline's timer
 fires: the deque then holds about the waits in flight, not every wait of the last
-``ledger_deadline`` seconds. Kept that long, each reply's waiter and its entry outlived
-the collector's young generations, were promoted to the oldest, and made every full
-collection walk thousands of them (docs/performance.md, round 14).
+``ledger_deadline`` seconds. Held that long, each reply's waiter and its entry outlived the
+collector's young generations, were promoted to the oldest, and made every full collection
+walk thousands of them (docs/performance.md, round 14). Only the head is looked at, to
+stay O(1): behind a wait still pending, settled ones stay until it ends, at most
+``ledger_deadline`` later.
 """
 
 from __future__ import annotations
