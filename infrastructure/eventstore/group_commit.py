@@ -1,12 +1,22 @@
 """Group commit: one writer thread saves the events of many deliveries in one transaction.
 
 The event loop never touches the store. Coroutines hand their pending events to the
-writer and await a future; the writer takes everything queued since its last commit,
-appends it in one transaction (one fsync), through the application's one write path
-(its event store's ``append``, ``infrastructure/eventstore/library.py``, the same as every
-other write), and resolves every future. There is no timer: while one commit runs, the
-next group queues up, so a single conversation pays no added latency and 64
-conversations share their fsyncs.
+writer and await a future; the writer takes what is queued since its last commit, up to
+``max_group`` waited-for writes, appends it in one transaction (one fsync), through the
+application's one write path (its event store's ``append``,
+``infrastructure/eventstore/library.py``, the same as every other write), and resolves
+every future. There is no timer: while one commit runs, the next group queues up, so a
+single conversation pays no added latency and 64 conversations share their fsyncs.
+
+Why a group stops at ``max_group``: when every conversation waits on the same commit,
+the loop has nothing to do while it runs, and the writer nothing while the loop works
+through the replies it released. On SQLite a group's write is one statement that runs
+without the interpreter lock (``keyed_recorder.py``), so the recorder asks for groups of
+at most 32 waited-for writes: with 64 conversations the loop then works on one group's
+replies while the next group commits, and the two threads overlap on a 2-core machine
+instead of taking turns (ADR 0074). A PostgreSQL write is three round trips, each
+taking the interpreter lock back, so more groups would only cost more commits; it keeps
+the writer's default, 512.
 
 Unless the replies come together: when one pass of the event loop over its ready
 callbacks (an *iteration*) submits several waited-for writes, the writer would wake at
@@ -66,6 +76,10 @@ from gateway_ledger.infrastructure.loop_waker import LoopWaker, close_wakers, wa
 log = logging.getLogger("gateway_ledger.group_commit")
 
 T = TypeVar("T")
+
+DEFAULT_MAX_GROUP = 512
+"""Waited-for writes per group at most (write-behind jobs ride along), unless the
+application's recorder asks for fewer (its ``max_group``): see the module's docstring."""
 
 DEFAULT_LINGER = 0.02
 """Seconds a write-behind job may wait for a group to join before it is committed alone."""
@@ -167,13 +181,14 @@ class GroupCommitWriter:
         self,
         app: Application[Any],
         *,
-        max_group: int = 512,
+        max_group: int | None = None,
         name: str = "",
         append: Append | None = None,
         linger: float = DEFAULT_LINGER,
     ) -> None:
         self.app = app
-        self.max_group = max_group
+        asked = getattr(app.recorder, "max_group", None)  # the store's own, if it has one
+        self.max_group = max_group or (asked if isinstance(asked, int) else DEFAULT_MAX_GROUP)
         self.linger = linger
         self.stats = WriterStats()
         # ``append`` stores events in one durable transaction; raising the library's

@@ -8,17 +8,33 @@ writer stored one of those subjects' keys first, ADR 0017), and appends the even
 duplicate (aggregate id, version) raises the library's ``IntegrityError``, which is the
 optimistic lock.
 
-Writes use one connection of the recorder's own, kept open, in ``BEGIN IMMEDIATE``
-transactions: the write lock is taken before the first read, so the key check always
-reads the latest state and never has to upgrade a read lock (which fails at once, without
-a busy wait, when another connection committed in between). Reads keep the library's
-pooled connections. Same file, same table and INSERT statement, same ``synchronous``
+Writes use one connection of the recorder's own, kept open. A write with new key rows, or
+one that wants notification ids, runs in a ``BEGIN IMMEDIATE`` transaction: the write lock
+is taken before the first read, so the key check always reads the latest state and never
+has to upgrade a read lock (which fails at once, without a busy wait, when another
+connection committed in between).
+
+A write without new key rows that wants no ids (the gateway's group commits: nearly every
+write) is **one statement**, its own transaction: ``INSERT ... SELECT`` of the events' rows
+``WHERE`` every used key is still stored (``LIVE_KEYS_CONDITION``). A statement that
+writes starts by taking the write lock, as ``BEGIN IMMEDIATE`` does, so the key check
+inside it reads the latest state too, and the events land whole or not at all. When the
+check fails nothing is written, and the write runs again as a transaction, whose
+``require_live_keys`` names the subjects erased. The reason is the interpreter lock: the
+module releases it around each step of each statement and takes it back after, and
+while the event loop runs Python each taking back may wait for the switch interval (5 ms).
+A transaction of ``BEGIN``, a key check, one step per row and ``COMMIT`` took it back a
+few hundred times per group; one statement takes it back once, so the insert, the fsync
+and the checkpoint run beside the loop instead of between its turns (ADR 0074).
+
+Reads keep the library's pooled connections. Same file, same table, same ``synchronous``
 (SQLite's default, FULL), same busy timeout as the library's own connections.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import sqlite3
 import threading
 from collections.abc import Sequence
@@ -34,7 +50,12 @@ from eventsourcing.persistence import (
 )
 from eventsourcing.sqlite import SQLITE3_DEFAULT_LOCK_TIMEOUT, SQLiteApplicationRecorder
 
-from gateway_ledger.infrastructure.privacy.key_table import insert_staged_keys, require_live_keys
+from gateway_ledger.infrastructure.privacy.key_table import (
+    LIVE_KEYS_CONDITION,
+    insert_staged_keys,
+    live_keys_params,
+    require_live_keys,
+)
 from gateway_ledger.infrastructure.privacy.keyring import WriteKeys
 
 
@@ -44,43 +65,38 @@ class KeyedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
     stores_keys = True
     """Its transaction carries a write's new key rows (see ``WriteKeys``)."""
 
+    max_group = 32
+    """Waited-for writes the gateway's group-commit writer puts in one group at most: a
+    group's write runs beside the event loop (one statement), so with many conversations
+    two or more groups per round of replies let the loop and the write overlap
+    (``group_commit.py``, ADR 0074)."""
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._conn: sqlite3.Connection | None = None
         self._lock = threading.Lock()
         self._in_memory = self.datastore.pool.is_sqlite_memory_mode
+        self._max_parameters = 0  # the write connection's limit, read when it is opened
+        self._json = False  # its SQLite has JSON functions (the one-statement key check)
 
     def insert_events(
         self, stored_events: Sequence[StoredEvent], **kwargs: Any
     ) -> Sequence[int] | None:
         """Append the events in one durable transaction, with the new key rows of ``keys``;
         returns their notification ids, unless ``notification_ids=False`` (nobody asks:
-        one statement for all the rows then)."""
+        then a write without new key rows is one statement, see the module's docstring)."""
         keys: WriteKeys | None = kwargs.get("keys")
         with_ids: bool = kwargs.get("notification_ids", True)
-        rows = [
-            (
-                s.originator_id.hex if isinstance(s.originator_id, UUID) else s.originator_id,
-                s.originator_version,
-                s.topic,
-                s.state,
-            )
-            for s in stored_events
-        ]
         if self._in_memory:  # one database per connection there
             with self.datastore.transaction(commit=True) as c:
-                return self._append(c.sqlite_cursor, rows, keys, with_ids)
+                return self._append(c.sqlite_cursor, _rows(stored_events), keys, with_ids)
         with self._lock:
             conn = self._conn or self._connection()
             try:
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    ids = self._append(conn.cursor(), rows, keys, with_ids)
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    raise
+                at_once = not with_ids and (keys is None or not keys.rows)
+                if at_once and self._write_at_once(conn, stored_events, keys):
+                    return None
+                return self._write_in_transaction(conn, _rows(stored_events), keys, with_ids)
             except sqlite3.IntegrityError as e:
                 raise IntegrityError(e) from e
             except sqlite3.OperationalError as e:
@@ -92,6 +108,46 @@ class KeyedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
             except sqlite3.Error as e:
                 self._reset()
                 raise PersistenceError(e) from e
+
+    def _write_at_once(
+        self, conn: sqlite3.Connection, stored_events: Sequence[StoredEvent], keys: WriteKeys | None
+    ) -> bool:
+        """The events in one statement, its own transaction, if every key they used is still
+        stored; False when nothing was written (a used key is gone, the statement would need
+        more parameters than SQLite takes, or this SQLite has no JSON functions for the key
+        check): the caller writes them in a transaction."""
+        count = len(stored_events)
+        size = -(-count // ROWS_BUCKET) * ROWS_BUCKET
+        used = keys.used if keys is not None else None
+        if 4 * size + 2 > self._max_parameters or (used and not self._json):
+            return False
+        params: list[Any] = []
+        add = params.extend
+        for s in stored_events:
+            oid = s.originator_id
+            add((oid.hex if isinstance(oid, UUID) else oid, s.originator_version, s.topic, s.state))
+        if size > count:
+            add((None,) * (4 * (size - count)))
+        if used:
+            add(live_keys_params(used))
+        statement = _insert_at_once(self.events_table_name, size, bool(used))
+        return bool(conn.execute(statement, params).rowcount == count)
+
+    def _write_in_transaction(
+        self,
+        conn: sqlite3.Connection,
+        rows: list[tuple[Any, ...]],
+        keys: WriteKeys | None,
+        with_ids: bool,
+    ) -> list[int] | None:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            ids = self._append(conn.cursor(), rows, keys, with_ids)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
         return ids
 
     def _append(
@@ -132,6 +188,8 @@ class KeyedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
                 isolation_level=None,  # explicit transactions
                 check_same_thread=False,
             )
+            self._max_parameters = self._conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+            self._json = _has_json(self._conn)
         return self._conn
 
     def _reset(self) -> None:
@@ -145,3 +203,43 @@ class KeyedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
         """Close the write connection (the pool's are closed with the application)."""
         with self._lock:
             self._reset()
+
+
+ROWS_BUCKET = 8
+"""A one-statement write's rows are padded to a multiple of this with rows of NULLs, which
+its ``WHERE`` leaves out: a few statement texts, each prepared once and kept in the
+connection's statement cache, serve every size of group."""
+
+
+def _has_json(conn: sqlite3.Connection) -> bool:
+    """Whether this SQLite has its JSON functions (built in since 3.38, an option before)."""
+    try:
+        conn.execute("SELECT json_valid('{}')").fetchone()
+    except sqlite3.OperationalError:
+        return False
+    return True
+
+
+def _rows(stored_events: Sequence[StoredEvent]) -> list[tuple[Any, ...]]:
+    return [
+        (
+            s.originator_id.hex if isinstance(s.originator_id, UUID) else s.originator_id,
+            s.originator_version,
+            s.topic,
+            s.state,
+        )
+        for s in stored_events
+    ]
+
+
+@functools.lru_cache(maxsize=256)
+def _insert_at_once(table: str, size: int, check_keys: bool) -> str:
+    """``size`` rows of events, inserted only if every used key is still stored."""
+    values = ", ".join(["(?, ?, ?, ?)"] * size)
+    where = "column1 IS NOT NULL"
+    if check_keys:
+        where += f" AND {LIVE_KEYS_CONDITION}"
+    return (
+        f"INSERT INTO {table} (originator_id, originator_version, topic, state) "
+        f"SELECT * FROM (VALUES {values}) WHERE {where}"
+    )

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import secrets
 import sqlite3
 import threading
@@ -172,6 +173,23 @@ def require_live_keys(cursor: sqlite3.Cursor, used: Mapping[str, str]) -> None:
     for chunk in _chunks(sorted(used)):
         rows += cursor.execute(_select_keys_of(len(chunk)), chunk).fetchall()
     erased_among(used, rows)
+
+
+LIVE_KEYS_CONDITION = (
+    f"(SELECT count(*) FROM json_each(?) AS used JOIN {KEYS_TABLE} AS stored"
+    " ON stored.subject_id = used.key AND stored.key_id = used.value) = ?"
+)
+"""The same rule as ``require_live_keys``, as a condition of the statement that writes the
+events (SQLite, one statement, its own transaction): true when every key ``used``
+(subject -> key id, bound as a JSON object by ``live_keys_params``) is still stored. One
+primary-key lookup per subject; the subquery does not depend on the rows, so SQLite
+evaluates it once. When it is false nothing is written, and ``require_live_keys`` names
+the subjects erased."""
+
+
+def live_keys_params(used: Mapping[str, str]) -> tuple[str, int]:
+    """What ``LIVE_KEYS_CONDITION`` is bound to for the keys ``used``."""
+    return json.dumps(used, separators=(",", ":")), len(used)
 
 
 @functools.lru_cache(maxsize=64)
