@@ -117,7 +117,7 @@ class KeyedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
         more parameters than SQLite takes, or this SQLite has no JSON functions for the key
         check): the caller writes them in a transaction."""
         count = len(stored_events)
-        size = -(-count // ROWS_BUCKET) * ROWS_BUCKET
+        size = count if count <= ROWS_BUCKET else -(-count // ROWS_BUCKET) * ROWS_BUCKET
         used = keys.used if keys is not None else None
         if 4 * size + 2 > self._max_parameters or (used and not self._json):
             return False
@@ -206,9 +206,11 @@ class KeyedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
 
 
 ROWS_BUCKET = 8
-"""A one-statement write's rows are padded to a multiple of this with rows of NULLs, which
-its ``WHERE`` leaves out: a few statement texts, each prepared once and kept in the
-connection's statement cache, serve every size of group."""
+"""A one-statement write of more rows than this is padded to a multiple of it with rows of
+NULLs, which its ``WHERE`` leaves out: a few statement texts, each prepared once and kept
+in the connection's statement cache, serve every size of group. Smaller writes (a lone
+conversation's three events) get a statement of their own size: binding padding costs
+them more than their rows."""
 
 
 def _has_json(conn: sqlite3.Connection) -> bool:

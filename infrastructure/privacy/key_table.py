@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import secrets
 import sqlite3
 import threading
@@ -38,6 +37,8 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
+
+import orjson
 
 from gateway_ledger.domain.errors import SessionErased
 
@@ -189,7 +190,7 @@ the subjects erased."""
 
 def live_keys_params(used: Mapping[str, str]) -> tuple[str, int]:
     """What ``LIVE_KEYS_CONDITION`` is bound to for the keys ``used``."""
-    return json.dumps(used, separators=(",", ":")), len(used)
+    return orjson.dumps(used).decode(), len(used)
 
 
 @functools.lru_cache(maxsize=64)
