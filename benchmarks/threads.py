@@ -4,9 +4,11 @@
 of ``delivery.py``: (a) one conversation at a time, (b) 64 concurrent conversations. After
 a warm-up segment, one timed segment; per lifecycle it prints:
 
-- the CPU time of each thread (``/proc/self/task/*/schedstat``, time on a CPU, user and
-  system together): the event loop's and the writer's, where the group commit maps, seals
-  and commits;
+- the wall time, and the CPU time of each thread (``/proc/self/task/*/schedstat``, time
+  on a CPU, user and system together): the event loop's and the writer's, where the group
+  commit maps, seals and commits. Where the two threads' CPU adds up to more than the
+  wall time, they ran side by side; where it adds up to the wall time, they took turns
+  (docs/performance.md, rounds 13 and 15);
 - the process's user and system time (``getrusage``), and in reference units
   (``reference.py``);
 - voluntary context switches (a thread that slept: a wake-up, a lock wait, an fsync);
@@ -117,8 +119,10 @@ async def measure(
         commits = ours.gateway.stats().commits
         threads, io = thread_cpu_ns(), io_counters()
         usage = resource.getrusage(resource.RUSAGE_SELF)
+        started = time.perf_counter()
         with CollectorClock() as collector:
             await ours.segment(per_conv, per_conv, concurrency)
+        wall = time.perf_counter() - started
         after = resource.getrusage(resource.RUSAGE_SELF)
         threads_after, io_after = thread_cpu_ns(), io_counters()
         commits = ours.gateway.stats().commits - commits
@@ -126,7 +130,8 @@ async def measure(
         await ours.close()
         if freeze:
             gc.unfreeze()
-    row = {f"{k} µs": (v - threads.get(k, 0)) / 1e3 / done for k, v in threads_after.items()}
+    row = {"wall µs": 1e6 * wall / done}
+    row |= {f"{k} µs": (v - threads.get(k, 0)) / 1e3 / done for k, v in threads_after.items()}
     row["user µs"] = 1e6 * (after.ru_utime - usage.ru_utime) / done
     row["system µs"] = 1e6 * (after.ru_stime - usage.ru_stime) / done
     row["switches"] = (after.ru_nvcsw - usage.ru_nvcsw) / done
