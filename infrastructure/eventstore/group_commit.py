@@ -14,7 +14,7 @@ through the replies it released. On SQLite a group's write is one statement that
 without the interpreter lock (``keyed_recorder.py``), so the recorder asks for groups of
 at most 32 waited-for writes: with 64 conversations the loop then works on one group's
 replies while the next group commits, and the two threads overlap on a 2-core machine
-instead of taking turns (ADR 0074). A PostgreSQL write is three round trips, each
+instead of taking turns (ADRs 0074, 0075). A PostgreSQL write is three round trips, each
 taking the interpreter lock back, so more groups would only cost more commits; it keeps
 the writer's default, 512.
 

@@ -69,7 +69,7 @@ class KeyedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
     """Waited-for writes the gateway's group-commit writer puts in one group at most: a
     group's write runs beside the event loop (one statement), so with many conversations
     two or more groups per round of replies let the loop and the write overlap
-    (``group_commit.py``, ADR 0074)."""
+    (``group_commit.py``, ADR 0075)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -123,9 +123,8 @@ class KeyedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
             return False
         params: list[Any] = []
         add = params.extend
-        for s in stored_events:
-            oid = s.originator_id
-            add((oid.hex if isinstance(oid, UUID) else oid, s.originator_version, s.topic, s.state))
+        for row in _rows(stored_events):
+            add(row)
         if size > count:
             add((None,) * (4 * (size - count)))
         if used:
@@ -140,6 +139,7 @@ class KeyedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
         keys: WriteKeys | None,
         with_ids: bool,
     ) -> list[int] | None:
+        """The write as one ``BEGIN IMMEDIATE`` transaction (see the module's docstring)."""
         conn.execute("BEGIN IMMEDIATE")
         try:
             ids = self._append(conn.cursor(), rows, keys, with_ids)
