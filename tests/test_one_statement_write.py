@@ -72,6 +72,11 @@ def test_every_row_lands_whole_and_no_padding_row_does(ledger: DeliveryLedger, c
     assert stored(ledger) == [(e.originator_id.hex, 1, e.state) for e in batch]
 
 
+def test_a_write_of_no_events_writes_nothing_and_raises_nothing(ledger: DeliveryLedger) -> None:
+    write(ledger, [])
+    assert stored(ledger) == []
+
+
 def test_a_clash_of_versions_writes_none_of_the_rows(ledger: DeliveryLedger) -> None:
     stream = uuid.uuid4()
     write(ledger, events(2, stream=stream))

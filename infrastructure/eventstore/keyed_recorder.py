@@ -117,6 +117,8 @@ class KeyedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
         more parameters than SQLite takes, or this SQLite has no JSON functions for the key
         check): the caller writes them in a transaction."""
         count = len(stored_events)
+        if not count:  # a statement needs a row: nothing to write goes as before
+            return False
         size = count if count <= ROWS_BUCKET else -(-count // ROWS_BUCKET) * ROWS_BUCKET
         used = keys.used if keys is not None else None
         if 4 * size + 2 > self._max_parameters or (used and not self._json):
