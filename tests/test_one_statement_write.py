@@ -1,8 +1,8 @@
 """The SQLite write without new key rows is one statement, its own transaction, and the
-groups it writes are cut at the size its recorder asks for (ADR 0074).
+groups it writes are cut at the size its recorder asks for (ADRs 0074, 0075).
 
-``INSERT ... SELECT`` of the rows, padded with rows of NULLs to a multiple of
-``ROWS_BUCKET`` and kept only if every used key is still stored: these tests hold it to
+``INSERT ... SELECT`` of the rows (beyond ``ROWS_BUCKET`` of them, padded with rows of
+NULLs to a multiple of it), kept only if every used key is still stored: these tests hold it to
 what the transaction it replaces did. Every row lands, byte for byte, and no padding
 row; a clash of (aggregate, version) writes none of them; a used key that is gone
 writes none and is named by ``SessionErased``; a write larger than one statement takes
@@ -112,7 +112,9 @@ def test_a_used_key_that_is_gone_writes_nothing_and_is_named(ledger: DeliveryLed
 def test_a_write_larger_than_one_statement_takes_goes_as_a_transaction(
     ledger: DeliveryLedger,
 ) -> None:
-    limit = sqlite3.connect(":memory:").getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+    probe = sqlite3.connect(":memory:")  # the same SQLite library as the recorder's
+    limit = probe.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+    probe.close()
     batch = events(limit // 4 + 1)
     write(ledger, batch)
     rows = stored(ledger)

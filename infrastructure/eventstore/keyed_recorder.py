@@ -123,16 +123,12 @@ class KeyedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
         used = keys.used if keys is not None else None
         if 4 * size + 2 > self._max_parameters or (used and not self._json):
             return False
-        params: list[Any] = []
-        add = params.extend
-        for row in _rows(stored_events):
-            add(row)
-        if size > count:
-            add((None,) * (4 * (size - count)))
+        params: list[Any] = [value for row in _rows(stored_events) for value in row]
+        params += (None,) * (4 * (size - count))  # the padding rows, if any
         if used:
-            add(live_keys_params(used))
+            params += live_keys_params(used)
         statement = _insert_at_once(self.events_table_name, size, bool(used))
-        return bool(conn.execute(statement, params).rowcount == count)
+        return conn.execute(statement, params).rowcount == count
 
     def _write_in_transaction(
         self,
