@@ -12,8 +12,9 @@ reply: it is logged with ids, counted, and the send goes ahead.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -85,10 +86,19 @@ def _guard_for(adapter: PlatformAdapter, may_have_arrived: bool) -> SendGuard:
 
 def outgoing_parts(agg: DeliveryObligation) -> list[OutgoingPart]:
     """Text chunks (or the whole content) first, then one part per media item."""
-    texts = list(agg.parts) if agg.parts else ([agg.content] if agg.content else [])
+    texts = agg.parts or ([agg.content] if agg.content else [])
     parts = [OutgoingPart(i, t) for i, t in enumerate(texts)]
-    parts += [OutgoingPart(len(texts) + i, m.caption or "", m) for i, m in enumerate(agg.media)]
+    if agg.media:
+        parts += [OutgoingPart(len(texts) + i, m.caption or "", m) for i, m in enumerate(agg.media)]
     return parts
+
+
+def unconfirmed_parts(agg: DeliveryObligation) -> list[OutgoingPart]:
+    """The parts still to send, in order: those no confirmation was recorded for."""
+    parts = outgoing_parts(agg)
+    if not agg.delivered_parts:  # the usual case: nothing confirmed yet, nothing to filter
+        return parts
+    return [p for p in parts if not agg.part_delivered(p.index)]
 
 
 @attrs.frozen
@@ -108,6 +118,37 @@ class DeliveryOutcome:
     skip_reason: str | None = None
     ledger_fault: bool = False
     retry_in: float | None = None
+
+
+@attrs.define(eq=False)
+class RecordEnd:
+    """Told on the loop if a reply's record write fails: ``deliver`` sets the wait, and
+    the flight once the reply goes on. An object rather than a closure over the
+    sender's locals, which would make each of them a cell for the reply's whole life."""
+
+    courier: Courier
+    oid: str
+    waiter: asyncio.Future[None] | None = None
+    flight: Flight | None = None
+
+    def __call__(self, error: BaseException) -> None:
+        """Within the deadline ``deliver`` saw the failure and counted it; after the
+        deadline the reply went on as if tracked, so the failure is counted here (a
+        ledger fault, and an untracked reply unless the id was recorded by another writer
+        meanwhile), unless the reply was withheld because its session was forgotten,
+        which is what refused the record (ADR 0073)."""
+        waiter, flight, oid = self.waiter, self.flight, self.oid
+        if waiter is None or waiter.cancelled() or not waiter.done():
+            return
+        if not isinstance(waiter.exception(), TimeoutError):
+            return
+        withheld = flight is not None and flight.erased and not flight.handed_off
+        if withheld and isinstance(error, SessionErased):
+            log.info("obligation %s: record refused, its session was erased; not sent", oid)
+            return
+        self.courier.fault(oid, "record after the deadline", error)
+        if not isinstance(error, ConcurrentUpdate):
+            self.courier.counters.untracked += 1
 
 
 OWNER_PROVEN = "proven"
@@ -188,7 +229,7 @@ class Courier:
         self.writer = writer
         self.scheduler = scheduler
         self.adapters = adapters
-        self.command_prefixes = tuple(command_prefixes)
+        self.command_prefixes = command_prefixes
         self.deadlines = Deadlines(ledger_deadline)
         self.write_behind = write_behind
         """Write ``Delivered`` behind the send instead of waiting for it (ADR 0016)."""
@@ -203,6 +244,17 @@ class Courier:
         """Per-chat order and the rate budget of every send (ADR 0065)."""
         self.on_pause: Any = None
         """Told of a bot-wide ``retry_after`` (platform, seconds), to share it (ADR 0060)."""
+
+    @property
+    def command_prefixes(self) -> tuple[str, ...]:
+        """Prefixes of an inbound message that make its reply a command's (not recorded)."""
+        return self._command_prefixes
+
+    @command_prefixes.setter
+    def command_prefixes(self, prefixes: Sequence[str]) -> None:
+        self._command_prefixes = tuple(prefixes)
+        # "/" is a slash command (its own skip reason); the rest, one C call per reply.
+        self._other_prefixes = tuple(p for p in self._command_prefixes if p != "/")
 
     @property
     def ledger_deadline(self) -> float:
@@ -245,7 +297,7 @@ class Courier:
         inbound = (context.inbound_text or "").lstrip()
         if inbound.startswith("/"):
             return "slash_command"
-        if any(inbound.startswith(p) for p in self.command_prefixes if p != "/"):
+        if inbound.startswith(self._other_prefixes):
             return "command_prefix"
         return None
 
@@ -301,15 +353,12 @@ class Courier:
                 return DeliveryOutcome(status="failed", obligation_id=oid, ledger_fault=True)
             return await self._send_untracked(oid, context, reply, inbound_message_id, adapter)
 
-        flight: Flight | None = None  # once the reply goes on: what its record's end affects
-
-        def record_failed(error: BaseException) -> None:
-            self._record_failed(oid, waiter, error, flight)
-
+        record_end = RecordEnd(self, oid)
         epoch = self.lease_epoch()
         future, waiter = self.writer.submit_waiting(
-            agg.collect_events(), label=oid, on_error=record_failed
+            agg.collect_events(), label=oid, on_error=record_end
         )
+        record_end.waiter = waiter
         ended: BaseException | None = None  # how the record ended, as far as known now
         late = pending = False
         try:
@@ -321,7 +370,7 @@ class Courier:
                 # The writer settles the write on its own thread: it may have ended since
                 # the wait timed out. Then go on as it ended (a landed record is tracked, a
                 # refused one is the same turn's reply recorded already), and leave any
-                # failure to ``_record_failed``, which counts what fails after the deadline.
+                # failure to ``RecordEnd``, which counts what fails after the deadline.
                 self.fault(oid, "record", e)
                 late, pending = True, not future.done()  # looked at once: it may end any time
                 if not pending:
@@ -359,6 +408,7 @@ class Courier:
             record_unconfirmed=pending,
             place=place,
         )
+        record_end.flight = flight
         flight.last_write = future
         if waits:
             outcome = await self._take_turn(flight, attempt=True)
@@ -366,10 +416,12 @@ class Courier:
                 return self._settled(flight, outcome)
         return await self._send(flight)
 
-    async def _durable(self, waiter: asyncio.Future[None]) -> None:
-        """Wait for a write, at most ``ledger_deadline``; the write itself goes on regardless."""
+    def _durable(self, waiter: asyncio.Future[None]) -> asyncio.Future[None]:
+        """The write's future to await, failed with ``TimeoutError`` if the write has not
+        ended within ``ledger_deadline``; the write itself goes on regardless. The future
+        itself is awaited, not a coroutine around it: one object less per write."""
         self.deadlines.watch(waiter)
-        await waiter
+        return waiter
 
     def _erased(self, oid: str, stage: str) -> DeliveryOutcome:
         """The session was forgotten while this reply was on its way (ADR 0028).
@@ -382,30 +434,6 @@ class Courier:
         self.counters.erased += 1
         log.info("obligation %s not sent: its session was erased (%s)", oid, stage)
         return DeliveryOutcome(status="erased", obligation_id=oid)
-
-    def _record_failed(
-        self,
-        oid: str,
-        waiter: asyncio.Future[None],
-        error: BaseException,
-        flight: Flight | None,
-    ) -> None:
-        """On the loop: a reply's record write failed. Within the deadline ``deliver`` saw
-        it and counted it; after the deadline the reply went on as if tracked, so the
-        failure is counted here (a ledger fault, and an untracked reply unless the id was
-        recorded by another writer meanwhile), unless the reply was withheld because its
-        session was forgotten, which is what refused the record (ADR 0073)."""
-        if waiter.cancelled() or not waiter.done():
-            return
-        if not isinstance(waiter.exception(), TimeoutError):
-            return
-        withheld = flight is not None and flight.erased and not flight.handed_off
-        if withheld and isinstance(error, SessionErased):
-            log.info("obligation %s: record refused, its session was erased; not sent", oid)
-            return
-        self.fault(oid, "record after the deadline", error)
-        if not isinstance(error, ConcurrentUpdate):
-            self.counters.untracked += 1
 
     async def _already_recorded(self, agg: DeliveryObligation) -> bool:
         """The id is recorded already. True when it is the same record: that reply is owed
@@ -471,7 +499,7 @@ class Courier:
             events,
             label=flight.oid,
             after=flight.last_write,
-            on_error=lambda error: self._not_landed(flight, stage, events, error),
+            on_error=functools.partial(self._not_landed, flight, stage, events),
         )
 
     def _not_landed(
@@ -518,17 +546,19 @@ class Courier:
             log.info("obligation %s goes before %s: order released (%s)", flight.oid, behind, why)
             self._apply(
                 flight,
-                lambda b=behind, w=why: agg.release_order(
-                    by=self.owner, now=self._now(), behind=b, reason=w, waited=turn.waited
-                ),
+                agg.release_order,
+                by=self.owner,
+                now=self._now(),
+                behind=behind,
+                reason=why,
+                waited=turn.waited,
             )
         if attempt:
             waited, held = await self.pacer.ready(agg.target)
             self._note_wait(flight, held, waited)
             flight.guard = _guard_for(flight.adapter, agg.may_have_arrived)
-            guard = flight.guard
             self._apply(
-                flight, lambda: agg.start_attempt(by=self.owner, now=self._now(), guard=guard)
+                flight, agg.start_attempt, by=self.owner, now=self._now(), guard=flight.guard
             )
         if not (attempt or turn.released) or not agg.pending_events:
             return None
@@ -544,10 +574,13 @@ class Courier:
         if seconds <= 0 or not reason:
             return
         self.ledger.measures.paced_wait(reason, seconds)
-        agg = flight.agg
         self._apply(
             flight,
-            lambda: agg.note_wait(by=self.owner, now=self._now(), reason=reason, seconds=seconds),
+            flight.agg.note_wait,
+            by=self.owner,
+            now=self._now(),
+            reason=reason,
+            seconds=seconds,
         )
 
     def _give_up_place(self, flight: Flight) -> None:
@@ -577,9 +610,12 @@ class Courier:
     async def _send(self, flight: Flight) -> DeliveryOutcome:
         """Send every unconfirmed part, in order, then settle the obligation."""
         if not flight.turn_taken:
-            stopped = await self._take_turn(flight, attempt=False)
-            if stopped is not None:
-                return self._settled(flight, stopped)
+            if flight.place is not None and self.pacer.holds(flight.place):
+                stopped = await self._take_turn(flight, attempt=False)
+                if stopped is not None:
+                    return self._settled(flight, stopped)
+            else:  # nothing holds its queue: its turn is now, with nothing to wait or record
+                flight.turn_taken = True
         return self._settled(flight, await self._send_parts(flight))
 
     async def _send_parts(self, flight: Flight) -> DeliveryOutcome:
@@ -588,7 +624,7 @@ class Courier:
         # A reconciling adapter gets the key too, to place on the message (ADR 0050).
         keyed = flight.guard is SendGuard.IDEMPOTENCY_KEY or wants_key(adapter)
         marker = flight.guard is SendGuard.MARKER
-        parts = [p for p in outgoing_parts(agg) if not agg.part_delivered(p.index)]
+        parts = unconfirmed_parts(agg)
         single = agg.part_count <= 1
         receipt: list[str] = [i for ids in agg.delivered_parts.values() for i in ids]
         for n, part in enumerate(parts):
@@ -622,7 +658,7 @@ class Courier:
             # A claim that records its send spends its recovery attempt only now: after
             # every wait, holding the bot's turn, before the hand-off (ADR 0070).
             recovery = agg.claim_unsent
-            start = (lambda: self._start_recovery_send(flight)) if recovery else None
+            start = functools.partial(self._start_recovery_send, flight) if recovery else None
             # The last await before the send: the instant it counts is the hand-off's.
             if self.pacer.paces(target):  # asked again: a pause may have come in meanwhile
                 waited, why = await self.pacer.hand_off(target, under_way=n > 0, before=start)
@@ -641,9 +677,11 @@ class Courier:
             if n < len(parts) - 1:
                 self._apply(
                     flight,
-                    lambda p=part, r=result: agg.acknowledge_part(
-                        by=self.owner, now=self._now(), index=p.index, receipt=r.message_ids
-                    ),
+                    agg.acknowledge_part,
+                    by=self.owner,
+                    now=self._now(),
+                    index=part.index,
+                    receipt=result.message_ids,
                 )
                 await self._write(flight, f"part {part.index} delivered")
                 if flight.erased:
@@ -656,9 +694,7 @@ class Courier:
                         obligation_id=agg.obligation_id,
                         message_ids=tuple(receipt),
                     )
-        self._apply(
-            flight, lambda: agg.confirm_delivery(by=self.owner, now=self._now(), receipt=receipt)
-        )
+        self._apply(flight, agg.confirm_delivery, by=self.owner, now=self._now(), receipt=receipt)
         if self.write_behind:
             self._write_later(flight, "delivered")
         else:
@@ -675,8 +711,7 @@ class Courier:
         """Record that the send of a reply claimed with ``records_send`` starts: only now
         does the claim spend a recovery attempt (ADR 0070). A write that does not land
         is a fault, and the send goes on, as every send does on a fault."""
-        agg = flight.agg
-        self._apply(flight, lambda: agg.start_recovery_send(by=self.owner, now=self._now()))
+        self._apply(flight, flight.agg.start_recovery_send, by=self.owner, now=self._now())
         await self._write(flight, "recovery send")
 
     def _recovery_send_stopped(self, flight: Flight, receipt: list[str]) -> DeliveryOutcome:
@@ -756,10 +791,13 @@ class Courier:
         flight.lease_epoch, flight.unproven, flight.record_unconfirmed = epoch, False, False
         return OWNER_PROVEN
 
-    def _apply(self, flight: Flight, command: Any) -> None:
-        """Run a domain command on the live aggregate; a refusal is a ledger fault, not a stop."""
+    def _apply(self, flight: Flight, command: Callable[..., object], **arguments: Any) -> None:
+        """Run a domain command on the live aggregate; a refusal is a ledger fault, not a stop.
+        The command and its arguments are passed, not a closure over them: a closure's
+        captured names are cells that live as long as the sender's frame (collector work
+        on every reply)."""
         try:
-            command()
+            command(**arguments)
         except LedgerError as e:
             self.fault(flight.oid, "transition", e)
             flight.tracked = False
@@ -802,13 +840,12 @@ class Courier:
             self._pause(agg.target, result.retry_scope, retry_after)
         self._apply(
             flight,
-            lambda: agg.fail(
-                by=self.owner,
-                now=now,
-                error=result.error,
-                classification=error_class,
-                retry_after=retry_after,
-            ),
+            agg.fail,
+            by=self.owner,
+            now=now,
+            error=result.error,
+            classification=error_class,
+            retry_after=retry_after,
         )
         log.info(
             "obligation %s send failed: %s attempt=%d",
@@ -819,9 +856,11 @@ class Courier:
         if error_class is ErrorClass.DEAD_TARGET:
             self._apply(
                 flight,
-                lambda: agg.abandon(
-                    reason=AbandonReason.DEAD_TARGET, now=now, by=self.owner, detail=result.error
-                ),
+                agg.abandon,
+                reason=AbandonReason.DEAD_TARGET,
+                now=now,
+                by=self.owner,
+                detail=result.error,
             )
             await self._write(flight, "abandoned")
             self.counters.abandoned += 1
@@ -1048,7 +1087,7 @@ class Courier:
         if not due or not can_reconcile(adapter):
             return False
         single = agg.part_count <= 1
-        unconfirmed = [p.index for p in outgoing_parts(agg) if not agg.part_delivered(p.index)]
+        unconfirmed = [p.index for p in unconfirmed_parts(agg)]
         if not unconfirmed:
             return False
         first = unconfirmed[0]

@@ -458,8 +458,6 @@ class Gateway:
             pacing=self._courier.pacer.stats(),
         )
 
-    # -- the delivery path --------------------------------------------------------------------
-
     # -- the delivery path (flight.py) --------------------------------------------------------
 
     def skip_reason(self, context: ReplyContext, reply: Reply) -> str | None:

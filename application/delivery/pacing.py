@@ -517,9 +517,13 @@ class Pacer:
         queue = self.queues.get(place.key, ())
         return [p for p in queue if p is not place and p.order < place.order]
 
+    def holds(self, place: Place) -> bool:
+        """Whether a reply earlier in its queue holds this one: ``turn`` would wait."""
+        return len(self.queues.get(place.key, ())) > 1 and bool(self.ahead(place))
+
     def would_wait(self, place: Place, target: DeliveryTarget) -> bool:
         """Would this reply wait (its turn, or its hand-off) if it went now?"""
-        if len(self.queues.get(place.key, ())) > 1 and self.ahead(place):
+        if self.holds(place):
             return True
         if not self.paces(target):
             return False
@@ -535,7 +539,7 @@ class Pacer:
         again for the next: a reply behind it may be another live gateway's, about to go,
         and given up at once with the stuck one, two gateways would send to the chat side
         by side, each within its own window and together over the chat's limit."""
-        if len(self.queues.get(place.key, ())) <= 1 or not self.ahead(place):
+        if not self.holds(place):
             return NO_WAIT
         started = self.clock()
         deadline = started + self.order_wait
