@@ -524,3 +524,34 @@ def test_status_shows_the_bot_pauses_and_the_gateways_sharing_each_bot(
         assert list(shown["pauses"]) == ["telegram"] and 200 < shown["pauses"]["telegram"] <= 300
     finally:
         ledger.close()
+
+
+def test_a_reply_is_held_only_while_an_earlier_one_to_its_chat_is_unresolved() -> None:
+    """``Pacer.holds`` is the one rule ``turn`` waits on and ``would_wait`` reports, and
+    what lets a sender skip its turn when nothing is ahead: an earlier reply to the same
+    chat holds a later one until it leaves; a reply to another chat is never held."""
+    from datetime import UTC, datetime
+
+    from gateway_ledger.application.delivery.pacing import NO_WAIT, Pacer
+
+    async def main() -> None:
+        pacer = Pacer(order_wait=60.0)
+        chat = DeliveryTarget(platform="telegram", chat_id="148")
+        other = DeliveryTarget(platform="telegram", chat_id="149")
+        t0 = datetime(2026, 1, 1, tzinfo=UTC)
+        first = pacer.enter("first", chat, t0)
+        assert not pacer.holds(first)
+        assert await pacer.turn(first) is NO_WAIT
+        second = pacer.enter("second", chat, t0 + timedelta(seconds=1))
+        elsewhere = pacer.enter("elsewhere", other, t0 + timedelta(seconds=1))
+        assert pacer.holds(second) and pacer.would_wait(second, chat)
+        assert not pacer.holds(first) and not pacer.holds(elsewhere)
+        waiting = asyncio.create_task(pacer.turn(second))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # held by the first
+        pacer.leave(first)
+        assert not pacer.holds(second)
+        turn = await asyncio.wait_for(waiting, 5)
+        assert turn.released == ()
+
+    asyncio.run(main())
