@@ -20,6 +20,14 @@ a warm-up segment, one timed segment; per lifecycle it prints:
   allocates, holding the interpreter lock, so its wall time is CPU time), and the longest
   collection: a pause of every conversation on the loop.
 
+- the Python function calls the event loop made per lifecycle, counted by ``cProfile`` in a
+  third segment after the timed one (the counting slows it; it is not timed): a figure of
+  the loop's work that does not depend on the machine or its neighbours, so a removal too
+  small to see in the noise of a shared VM's timings still shows in it;
+- the young objects a collection of the youngest generation found, at the median, and
+  the share of them that were closures' cells: what replies in flight keep alive (each
+  reply's frames hold them until it settles), which sets how often the collector runs.
+
 ``--freeze-gc`` calls ``gc.freeze()`` after the warm-up segment, as docs/delivery.md
 advises a gateway to do once it has started: what was alive then (modules, classes, the
 ledger's and the platforms' long-lived objects) is never scanned again, so a full
@@ -35,13 +43,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import gc
 import os
+import pstats
 import resource
+import statistics
 import sys
 import tempfile
 import threading
 import time
+import types
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -100,6 +112,36 @@ class CollectorClock:
         gc.callbacks.remove(self)
 
 
+class YoungCensus:
+    """The youngest generation's objects at the start of its collections, while installed:
+    their number each time, and how many of all were cells (a closure's captured names)."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+        self.cells = 0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and info["generation"] == 0:
+            young = gc.get_objects(0)
+            self.sizes.append(len(young))
+            self.cells += sum(1 for o in young if type(o) is types.CellType)
+            del young
+
+    def median(self) -> float:
+        return float(statistics.median(self.sizes)) if self.sizes else 0.0
+
+    def cells_percent(self) -> float:
+        total = sum(self.sizes)
+        return 100.0 * self.cells / total if total else 0.0
+
+    def __enter__(self) -> YoungCensus:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        gc.callbacks.remove(self)
+
+
 def io_counters() -> dict[str, int]:
     with open("/proc/self/io") as f:
         return {k: int(v) for k, v in (line.split(": ") for line in f.read().splitlines())}
@@ -126,6 +168,14 @@ async def measure(
         after = resource.getrusage(resource.RUSAGE_SELF)
         threads_after, io_after = thread_cpu_ns(), io_counters()
         commits = ours.gateway.stats().commits - commits
+        profile = cProfile.Profile()
+        with YoungCensus() as census:
+            profile.enable()
+            try:
+                await ours.segment(2 * per_conv, per_conv, concurrency)
+            finally:
+                profile.disable()
+        calls = pstats.Stats(profile).total_calls
     finally:
         await ours.close()
         if freeze:
@@ -143,6 +193,9 @@ async def measure(
         row[f"gen{generation} collections per 1,000"] = 1000 * count / done
     row["collector µs"] = 1e6 * collector.seconds / done
     row["longest collection ms"] = 1e3 * collector.longest
+    row["loop: Python calls"] = calls / done
+    row["young objects at a collection (median)"] = census.median()
+    row["of them cells, %"] = census.cells_percent()
     return row
 
 
