@@ -159,7 +159,7 @@ class _Job:
     """Settled on its own loop after ``future``; skipped if the caller stopped waiting."""
     on_error: tuple[asyncio.AbstractEventLoop, Callable[[BaseException], object]] | None = None
     """A write-behind job's failure report: called on that loop, and only on a failure."""
-    seq: int = attrs.field(factory=lambda: next(_order))
+    seq: int = attrs.field(factory=_order.__next__)
 
 
 @attrs.define
