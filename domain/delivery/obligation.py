@@ -27,6 +27,7 @@ from gateway_ledger.domain.delivery.reconciliation import (
     ReconcileOutcome,
 )
 from gateway_ledger.domain.errors import IllegalTransition, InvalidInput
+from gateway_ledger.domain.events import fields_set_once
 from gateway_ledger.domain.topics import stored_as
 from gateway_ledger.domain.values import (
     MAX_REASON_CHARS,
@@ -131,6 +132,7 @@ def _fence(value: object) -> int:
 
 
 @stored_as("gateway_ledger.domain.obligation")
+@fields_set_once
 class DeliveryObligation(Aggregate):
     """A reply owed to one chat target, from the moment it is recorded until it is resolved."""
 

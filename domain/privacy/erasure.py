@@ -14,6 +14,7 @@ from uuid import UUID
 from eventsourcing.domain import Aggregate, event
 
 from gateway_ledger.domain.errors import InvalidInput
+from gateway_ledger.domain.events import fields_set_once
 from gateway_ledger.domain.topics import stored_as
 from gateway_ledger.domain.values import OwnerIdentity, require_aware, require_clear_text
 
@@ -22,6 +23,7 @@ from gateway_ledger.domain.values import OwnerIdentity, require_aware, require_c
     "gateway_ledger.domain.erasure",
     formerly={"SubjectForgotten": ("SubjectErased",)},  # renamed in 0.2.0 (ADR 0055)
 )
+@fields_set_once
 class Erasure(Aggregate):
     """One execution of the right to be forgotten for one subject."""
 

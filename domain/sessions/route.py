@@ -14,6 +14,7 @@ from uuid import NAMESPACE_URL, UUID, uuid5
 from eventsourcing.domain import Aggregate, event
 
 from gateway_ledger.domain.errors import IllegalTransition
+from gateway_ledger.domain.events import fields_set_once
 from gateway_ledger.domain.sessions.policy import ResetReason
 from gateway_ledger.domain.sessions.session import require_session_id
 from gateway_ledger.domain.topics import stored_as
@@ -38,6 +39,7 @@ def inbound_uuid(platform: str, chat_scope: str, platform_message_id: str) -> UU
 
 
 @stored_as("gateway_ledger.domain.session_route")
+@fields_set_once
 class SessionRoute(Aggregate):
     """The current session of one session key."""
 
@@ -111,6 +113,7 @@ class SessionRoute(Aggregate):
 
 
 @stored_as("gateway_ledger.domain.session_route")
+@fields_set_once
 class InboundMessage(Aggregate):
     """A platform message id already taken into a session: the same id never starts a second
     turn, across restarts. Created in the same transaction as the message it marks.
@@ -178,6 +181,7 @@ class InboundMessage(Aggregate):
 
 
 @stored_as("gateway_ledger.domain.session_route")
+@fields_set_once
 class SessionKeying(Aggregate):
     """How this store's keys were made (``raw`` or ``keyed:<fingerprint>``), recorded once.
 

@@ -15,6 +15,7 @@ from uuid import NAMESPACE_URL, UUID, uuid5
 from eventsourcing.domain import Aggregate, event
 
 from gateway_ledger.domain.errors import IllegalTransition, InvalidInput
+from gateway_ledger.domain.events import fields_set_once
 from gateway_ledger.domain.sessions.policy import ResetReason
 from gateway_ledger.domain.sessions.source import SessionSource
 from gateway_ledger.domain.topics import stored_as
@@ -57,6 +58,7 @@ def session_uuid(session_id: str) -> UUID:
 
 
 @stored_as("gateway_ledger.domain.session")
+@fields_set_once
 class Session(Aggregate):
     """One conversation under one session key.
 
