@@ -3,8 +3,9 @@
 A shared VM's timings move by tens of percent from one hour to the next; an instruction
 count does not. ``valgrind --tool=callgrind`` counts the instructions a process executes
 in user space (every thread: the event loop's and the writer's), the same for the same
-code and inputs whatever else the machine is doing, and nearly the same on any x86-64
-machine with the same Python and libraries. So a change of a few percent in the CPU per
+code and inputs (the children run with one hash seed) whatever else the machine is
+doing, and nearly the same on any x86-64 machine with the same Python and libraries.
+So a change of a few percent in the CPU per
 reply, which ``delivery.py`` cannot tell from noise, shows here.
 
 Each contender runs in a child process under callgrind twice: a short run and a long one,
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import platform
 import re
 import shutil
@@ -79,7 +81,9 @@ def _count(contender: str, concurrency: int, lifecycles: int, postgres: str | No
             str(lifecycles),
             location,
         ]
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        # One hash seed: string hashes, and so dict and set layouts, the same in every run.
+        environment = {**os.environ, "PYTHONHASHSEED": "0"}
+        done = subprocess.run(command, capture_output=True, text=True, check=False, env=environment)
         found = _COLLECTED.search(done.stderr)
         if done.returncode != 0 or found is None:
             raise SystemExit(f"callgrind run failed ({done.returncode}):\n{done.stderr[-2000:]}")
