@@ -62,12 +62,18 @@ def plain_initialiser(cls: type) -> Callable[..., None] | None:
         if field.default is dataclasses.MISSING:
             parameters.append(field.name)
         else:
-            defaults[f"_default_{field.name}"] = field.default
-            parameters.append(f"{field.name}=_default_{field.name}")
-    lines = [f"def __init__(self, {', '.join(parameters)}):", "    state = self.__dict__"]
-    lines += [f"    state[{field.name!r}] = {field.name}" for field in fields]
+            defaults[f"__default_{field.name}__"] = field.default
+            parameters.append(f"{field.name}=__default_{field.name}__")
+    # The instance is ``self``, as in the dataclass's signature, unless a field takes that
+    # name (then, as ``dataclasses`` does, another); its dict is a name no field can take.
+    me = "__dataclass_self__" if any(f.name == "self" for f in fields) else "self"
+    lines = [
+        f"def __init__({me}, {', '.join(parameters)}):",
+        f"    __fields__ = {me}.__dict__",
+    ]
+    lines += [f"    __fields__[{field.name!r}] = {field.name}" for field in fields]
     if hasattr(cls, "__post_init__"):
-        lines.append("    self.__post_init__()")
+        lines.append(f"    {me}.__post_init__()")
     namespace: dict[str, Any] = {}
     exec("\n".join(lines), dict(defaults), namespace)  # as the dataclasses module does
     initialiser: Callable[..., None] = namespace["__init__"]

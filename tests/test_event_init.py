@@ -109,3 +109,20 @@ def test_a_default_is_the_fields_own_object() -> None:
     event = attempting(**given)
     assert event.guard is None and event.needs_marker is None
     assert vars(event) == vars(twin(attempting)(**given))
+
+
+def test_fields_named_like_the_initialisers_own_names() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Odd:
+        self: int
+        state: str = "s"
+
+    initialiser = plain_initialiser(Odd)
+    assert initialiser is not None
+    assert inspect.signature(initialiser) == inspect.signature(Odd.__init__)
+    odd = Odd.__new__(Odd)
+    initialiser(odd, 1, "x")
+    assert vars(odd) == vars(Odd(1, "x")) == {"self": 1, "state": "x"}
+    plain = Odd.__new__(Odd)
+    initialiser(plain, 2)
+    assert vars(plain) == {"self": 2, "state": "s"}
