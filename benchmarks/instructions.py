@@ -5,8 +5,8 @@ count does not. ``valgrind --tool=callgrind`` counts the instructions a process 
 in user space (every thread: the event loop's and the writer's), the same for the same
 code and inputs (the children run with one hash seed) whatever else the machine is
 doing, and nearly the same on any x86-64 machine with the same Python and libraries.
-So a change of a few percent in the CPU per
-reply, which ``delivery.py`` cannot tell from noise, shows here.
+So a change of a few percent in the CPU per reply, which ``delivery.py`` cannot tell from
+noise, shows here.
 
 Each contender runs in a child process under callgrind twice: a short run and a long one,
 each a warm-up and then a segment of lifecycles (``delivery.py``'s contenders and
@@ -15,10 +15,10 @@ the difference in lifecycles is the count per lifecycle: the imports, the openin
 warm-up cancel out.
 
 What it does not count: the kernel (system calls, the fsync, waking threads), which on
-these VMs is a third of (a)'s CPU, and anything outside the process (with ``--postgres``,
+these VMs is a quarter of (a)'s CPU, and anything outside the process (with ``--postgres``,
 the server). It also runs the threads one at a time, so a group commit at (b) may hold
 other replies than it would natively; the count at (b) is steady between runs of this
-script (within 1 %), not equal to a native run's. Use it for before/after pairs on one
+script (within 2 %), not equal to a native run's. Use it for before/after pairs on one
 checkout's scripts; ``threads.py`` and ``delivery.py`` say what the time and the kernel do.
 
     python benchmarks/instructions.py [--quick] [--postgres URL]
