@@ -45,6 +45,11 @@ QUICK_SIZES = {1: (32, 160), 64: (64, 448)}
 _COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
 
 
+def _per_conversation(lifecycles: int, concurrency: int) -> int:
+    """A run's lifecycles per conversation (the child's segment; the parent's divisor)."""
+    return max(1, lifecycles // concurrency)
+
+
 async def _child(contender: str, concurrency: int, lifecycles: int, location: str) -> None:
     from delivery import Baseline, Ours, drop_schema
 
@@ -54,7 +59,7 @@ async def _child(contender: str, concurrency: int, lifecycles: int, location: st
     )
     try:
         await opened.segment(0, 2, concurrency)  # warm-up: the same in both runs
-        await opened.segment(2, max(1, lifecycles // concurrency), concurrency)
+        await opened.segment(2, _per_conversation(lifecycles, concurrency), concurrency)
     finally:
         await opened.close()
         drop_schema(path)
@@ -94,10 +99,9 @@ def per_lifecycle(
     contender: str, concurrency: int, sizes: tuple[int, int], pg: str | None
 ) -> float:
     short, long = sizes
-    done_short = max(1, short // concurrency) * concurrency
-    done_long = max(1, long // concurrency) * concurrency
     counts = [_count(contender, concurrency, n, pg) for n in (short, long)]
-    return (counts[1] - counts[0]) / (done_long - done_short)
+    done = [_per_conversation(n, concurrency) * concurrency for n in (short, long)]
+    return (counts[1] - counts[0]) / (done[1] - done[0])
 
 
 def main() -> None:

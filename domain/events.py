@@ -52,12 +52,7 @@ def plain_initialiser(cls: type) -> Callable[..., None] | None:
     defaults: dict[str, Any] = {}
     parameters = []
     for field in fields:
-        if (
-            not field.init
-            or field.kw_only
-            or field.default_factory is not dataclasses.MISSING
-            or not field.name.isidentifier()
-        ):
+        if not field.init or field.kw_only or field.default_factory is not dataclasses.MISSING:
             return None
         if field.default is dataclasses.MISSING:
             parameters.append(field.name)
@@ -81,5 +76,4 @@ def plain_initialiser(cls: type) -> Callable[..., None] | None:
     initialiser.__qualname__ = generated.__qualname__
     initialiser.__module__ = generated.__module__
     initialiser.__annotations__ = dict(generated.__annotations__)
-    initialiser.__doc__ = generated.__doc__
     return initialiser
