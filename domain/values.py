@@ -39,6 +39,8 @@ _Choice = TypeVar("_Choice", bound=StrEnum)
 def require_choice(name: str, value: object, choices: type[_Choice]) -> _Choice:
     """``value`` as a member of ``choices``; anything else is refused by name with the
     accepted values, before anything is written (a bare ``ValueError`` names nothing)."""
+    if isinstance(value, choices):  # a member already: nothing to look up
+        return value
     if isinstance(value, str):  # a member is a str too
         try:
             return choices(value)

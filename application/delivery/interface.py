@@ -54,9 +54,11 @@ def claimed_item(claim: Claim) -> dict[str, Any]:
 def media_items(media: object) -> list[MediaItem]:
     """Media as ``MediaItem`` values or mappings of their fields; one item alone, a string
     or a mapping is refused (a list of items is expected)."""
-    if isinstance(media, str | bytes | Mapping) or not isinstance(media, Iterable):
+    if not isinstance(media, list | tuple) and (  # nearly every call: no abstract class asked
+        isinstance(media, str | bytes | Mapping) or not isinstance(media, Iterable)
+    ):
         raise InvalidInput(f"media must be a list of media items, not {type(media).__name__}")
-    return [_media_item(m) for m in media]
+    return [_media_item(m) for m in media] if media else []
 
 
 def _media_item(value: object) -> MediaItem:

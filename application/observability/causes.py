@@ -97,13 +97,16 @@ def metadata() -> dict[str, str] | None:
 
 def stamp(events: Any) -> None:
     """Give each event not stamped yet the metadata of the current context (the caller's
-    side of a write that another thread carries out)."""
-    meta = metadata()
-    if meta is None:
-        return
+    side of a write that another thread carries out). The context is read only if some
+    event needs it: the writer thread's events were stamped where they were handed over."""
+    meta: dict[str, str] | None = None
     for event in events:
         state = event.__dict__
         if META not in state:
+            if meta is None:
+                meta = metadata()
+                if meta is None:
+                    return
             state[META] = meta
 
 

@@ -212,6 +212,7 @@ class GroupCommitWriter:
         self._thread = threading.Thread(
             target=self._run, name=name or "gateway-ledger-writer", daemon=True
         )
+        self._writer_ident: int | None = None  # the thread's, once it runs (``_settle``)
         # Reads and sweeps run on their own thread so they never sit in the commit queue.
         self._reader = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="gateway-ledger-reader"
@@ -423,6 +424,7 @@ class GroupCommitWriter:
     # -- writer thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
+        self._writer_ident = threading.get_ident()
         pending = self._queue
         flushes: list[_FlushRequest] = []
         while True:
@@ -555,7 +557,7 @@ class GroupCommitWriter:
             if job.waiter is not None:
                 by_loop.setdefault(job.waiter.get_loop(), []).append(job.waiter)
         # Only the writer thread uses the wakers: they are closed once it has stopped.
-        wakers = self._wakers if threading.current_thread() is self._thread else {}
+        wakers = self._wakers if threading.get_ident() == self._writer_ident else {}
         for loop, waiters in by_loop.items():
             waker = wakers.get(loop)
             if waker is not None:
