@@ -41,11 +41,13 @@ def select_stored_events(
     for start in range(0, len(ids), MAX_IDS_PER_QUERY):
         chunk = list(ids[start : start + MAX_IDS_PER_QUERY])
         params: list[Any]
+        asked: dict[Any, UUID] = {}  # SQLite's text id -> the UUID asked for: parsed once
         if postgres:
             where, params = "originator_id = ANY(%s)", [chunk]
         else:
             where = f"originator_id IN ({', '.join('?' * len(chunk))})"
             params = [i.hex for i in chunk]
+            asked = dict(zip(params, chunk, strict=True))
         with dialect.read_cursor() as c:
             c.execute(
                 f"SELECT originator_id, originator_version, topic, state FROM {table} "
@@ -55,7 +57,7 @@ def select_stored_events(
             rows = c.fetchall()
         for row in rows:
             raw = row["originator_id"]
-            originator_id = raw if isinstance(raw, UUID) else UUID(raw)
+            originator_id = asked.get(raw) or (raw if isinstance(raw, UUID) else UUID(raw))
             found.setdefault(originator_id, []).append(
                 StoredEvent(
                     originator_id=originator_id,
