@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -116,3 +117,45 @@ def test_every_write_lands_once_in_submission_order(tmp_path: Path, iterations: 
     ids = [n.originator_id for n in ledger.recorder.select_notifications(1, 1000)]
     assert ids == [ledger.aggregate_id(name) for name in submitted]
     ledger.close()
+
+
+class CountingLoop(asyncio.SelectorEventLoop):
+    """A real event loop that counts the callbacks it is asked to schedule."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scheduled = 0
+
+    def call_soon(self, callback: Any, *args: Any, context: Any = None) -> asyncio.Handle:
+        self.scheduled += 1
+        return super().call_soon(callback, *args, context=context)
+
+
+def test_a_lone_write_asks_the_loop_for_nothing_more(tmp_path: Path) -> None:
+    """One conversation at a time: handing a write over schedules no callback on the
+    loop (no iteration of its own to end), reply after reply. A second write in the
+    same iteration asks for the iteration's end once, and the next iteration holds."""
+    ledger = DeliveryLedger.open(tmp_path / "l.db")
+    writer = GroupCommitWriter(ledger)
+    loop = CountingLoop()
+
+    async def main() -> None:
+        for n in range(20):
+            before = loop.scheduled
+            _, waiter = writer.submit_waiting(events(ledger, f"o-{n}"))
+            assert loop.scheduled == before  # nothing scheduled by the hand-over
+            await waiter
+        before = loop.scheduled
+        together = [writer.submit_waiting(events(ledger, f"o-pair-{n}")) for n in range(2)]
+        assert loop.scheduled == before + 1  # the second write asks for the iteration's end
+        await asyncio.gather(*(waiter for _, waiter in together))
+        held, waiter = writer.submit_waiting(events(ledger, "o-after-pair"))
+        assert not landed_within(held, 0.3)  # the iteration after several holds its write
+        await waiter
+
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+    writer.close()
+    assert all(ledger.exists(f"o-{n}") for n in range(20)) and ledger.exists("o-after-pair")

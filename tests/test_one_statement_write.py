@@ -1,5 +1,5 @@
 """The SQLite write without new key rows is one statement, its own transaction, and the
-groups it writes are cut at the size its recorder asks for (ADRs 0074, 0075).
+groups it writes are cut at the size its recorder asks for (ADRs 0074, 0077).
 
 ``INSERT ... SELECT`` of the rows (beyond ``ROWS_BUCKET`` of them, padded with rows of
 NULLs to a multiple of it), kept only if every used key is still stored: these tests hold it to

@@ -14,7 +14,7 @@ through the replies it released. On SQLite a group's write is one statement that
 without the interpreter lock (``keyed_recorder.py``), so the recorder asks for groups of
 at most 32 waited-for writes: with 64 conversations the loop then works on one group's
 replies while the next group commits, and the two threads overlap on a 2-core machine
-instead of taking turns (ADRs 0074, 0075). A PostgreSQL write is three round trips, each
+instead of taking turns (ADRs 0074, 0077). A PostgreSQL write is three round trips, each
 taking the interpreter lock back, so more groups would only cost more commits; it keeps
 the writer's default, 512.
 
@@ -26,6 +26,11 @@ in docs/performance.md, round 12). So after an iteration that submitted several,
 loop holds the next iteration's waited-for writes and hands them over together when it
 ends (one ``call_soon``): one group, one commit. After an iteration with one write (a
 lone conversation) the next goes to the writer at once, as before: no added latency.
+Nor an added iteration: the end of an iteration is asked for (``call_soon``) only once
+it has a second write, or holds one. A lone write's iteration is over when the loop
+settles a write, which it does in a later iteration (a waker's callback runs after the
+iteration that submitted), or when the next write comes: two lone writes with no settle
+between are counted as one iteration's several (ADR 0077).
 
 The handoffs are kept thin because a lone conversation pays one round trip per reply:
 jobs travel on a ``SimpleQueue`` (one wake-up of the writer, no condition-variable
@@ -56,6 +61,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import contextvars
+import functools
 import itertools
 import logging
 import queue
@@ -164,13 +170,15 @@ class _Job:
 
 @attrs.define
 class _Iteration:
-    """One event loop's waited-for writes, counted per iteration of that loop."""
+    """One event loop's waited-for writes, counted per iteration of that loop. ``open``
+    and ``count`` belong to the loop's thread; ``held`` is shared (``_cond``)."""
 
     open: bool = False
-    """An iteration that submitted is under way: its end is scheduled (``call_soon``)."""
+    """The iteration's end is scheduled (``call_soon``): it has several writes, or holds."""
     hold: bool = False
     """This iteration's writes are held until it ends: the previous one submitted several."""
     count: int = 0
+    """Waited-for writes of the iteration under way (one at most while not ``open``)."""
     held: list[_Job] = attrs.Factory(list)
 
 
@@ -251,7 +259,7 @@ class GroupCommitWriter:
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
         if loop not in self._wakers:
-            self._wakers[loop] = waker_for(loop, _wake)
+            self._wakers[loop] = waker_for(loop, functools.partial(self._woken, loop))
         handle = WriteHandle()
         report = (loop, on_error) if on_error is not None else None
         self._enqueue(events, label, after, waiter, handle, report, loop)
@@ -259,14 +267,17 @@ class GroupCommitWriter:
 
     def _held(self, loop: asyncio.AbstractEventLoop, job: _Job) -> bool:
         """Count a waited-for write in its loop's iteration; True if the iteration holds
-        it until it ends (``_cond`` held)."""
+        it until it ends (``_cond`` held). The iteration's end is asked for only when it
+        decides something: a second write (the next iteration then holds), or a held one
+        (handed over then). A lone write's iteration ends with the next settle
+        (``_woken``)."""
         iteration = self._iterations.get(loop)
         if iteration is None:
             iteration = self._iterations[loop] = _Iteration()
-        if not iteration.open:
-            iteration.open, iteration.count = True, 0
-            loop.call_soon(self._iteration_over, loop, iteration)
         iteration.count += 1
+        if not iteration.open and (iteration.hold or iteration.count > 1):
+            iteration.open = True
+            loop.call_soon(self._iteration_over, loop, iteration)
         if iteration.hold:
             iteration.held.append(job)
         return iteration.hold
@@ -277,7 +288,23 @@ class GroupCommitWriter:
         with self._cond:
             iteration.open = False
             iteration.hold = iteration.count > 1
+            iteration.count = 0
             self._hand_over(iteration)
+
+    def _woken(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        waiters: list[asyncio.Future[None]],
+        error: BaseException | None,
+    ) -> None:
+        """On the loop: settle the waiters, and end the count of a lone write's iteration.
+        A settle runs in a later iteration than the writes counted so far, and a lone
+        write decides nothing for the next (``open`` is False: at most one write, not
+        held), so its count is dropped here instead of at an end asked for each time."""
+        _wake(waiters, error)
+        iteration = self._iterations.get(loop)
+        if iteration is not None and not iteration.open:
+            iteration.count = 0
 
     def _hand_over(self, iteration: _Iteration) -> None:
         """Queue an iteration's held writes, in order (``_cond`` held)."""
@@ -564,7 +591,7 @@ class GroupCommitWriter:
                 waker.wake(waiters, error)
                 continue
             with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
-                loop.call_soon_threadsafe(_wake, waiters, error)
+                loop.call_soon_threadsafe(self._woken, loop, waiters, error)
 
 
 def _submitted(job: _Job) -> int:

@@ -69,7 +69,7 @@ class KeyedSQLiteApplicationRecorder(SQLiteApplicationRecorder):
     """Waited-for writes the gateway's group-commit writer puts in one group at most: a
     group's write runs beside the event loop (one statement), so with many conversations
     two or more groups per round of replies let the loop and the write overlap
-    (``group_commit.py``, ADR 0075)."""
+    (``group_commit.py``, ADR 0077)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
