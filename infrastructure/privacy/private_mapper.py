@@ -336,8 +336,10 @@ class PrivateMapper(Mapper[UUID]):
     def _remember(self, originator_id: str, subject: str) -> None:
         subjects = self._subjects
         if originator_id not in subjects and len(subjects) >= MAX_REMEMBERED_SUBJECTS:
-            with contextlib.suppress(KeyError):  # another thread emptied it meanwhile
+            try:  # noqa: SIM105 - not contextlib.suppress: three calls more, once per reply
                 subjects.popitem(last=False)
+            except KeyError:  # another thread emptied it meanwhile
+                pass
         subjects[originator_id] = subject
 
     # -- writing ----------------------------------------------------------------------------
