@@ -829,7 +829,8 @@ class DeliveryObligation(Aggregate):
         recorded so that the audit reads it instead of inferring it. None: not said.
         """
         require_aware("now", now)
-        said = None if guard is None else require_choice("send guard", guard, SendGuard).value
+        # ``str()`` of a StrEnum member is its value, without the ``value`` property's calls.
+        said = None if guard is None else str(require_choice("send guard", guard, SendGuard))
         self.check_state("attempting", ObligationState.PENDING, ObligationState.FAILED)
         self.check_not_quarantined("attempting")
         self.check_sender(by)
