@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Any, TypeGuard, TypeVar
 
 import attrs
 
@@ -34,6 +34,19 @@ the event for every later reader: longer is refused, like upstream's error text 
 
 
 _Choice = TypeVar("_Choice", bound=StrEnum)
+
+KNOWN_LISTS = (list, tuple)
+"""What a caller passes as a list (of items, of parts) nearly always: known sequences, accepted
+without asking the ABCs (whose checks cost more than the rest of the validation)."""
+
+
+def is_item_list(value: object) -> TypeGuard[Iterable[Any]]:
+    """``value`` can be a list of items (media): a list or tuple, or another iterable that is
+    not text, bytes or a mapping (one item alone is not a list of them). The application
+    checks it before it turns mappings into items, the domain before it records them."""
+    return type(value) in KNOWN_LISTS or (
+        not isinstance(value, str | bytes | Mapping) and isinstance(value, Iterable)
+    )
 
 
 def require_choice(name: str, value: object, choices: type[_Choice]) -> _Choice:

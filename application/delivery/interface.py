@@ -10,14 +10,14 @@ values. ``DeliveryLedger``'s upstream-named methods call these functions.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation
 from gateway_ledger.domain.errors import InvalidInput
-from gateway_ledger.domain.values import AbandonReason, ErrorClass, MediaItem
+from gateway_ledger.domain.values import AbandonReason, ErrorClass, MediaItem, is_item_list
 
 
 @attrs.frozen
@@ -54,9 +54,7 @@ def claimed_item(claim: Claim) -> dict[str, Any]:
 def media_items(media: object) -> list[MediaItem]:
     """Media as ``MediaItem`` values or mappings of their fields; one item alone, a string
     or a mapping is refused (a list of items is expected)."""
-    if not isinstance(media, list | tuple) and (  # nearly every call: no abstract class asked
-        isinstance(media, str | bytes | Mapping) or not isinstance(media, Iterable)
-    ):
+    if not is_item_list(media):
         raise InvalidInput(f"media must be a list of media items, not {type(media).__name__}")
     return [_media_item(m) for m in media] if media else []
 

@@ -30,6 +30,7 @@ from gateway_ledger.domain.errors import IllegalTransition, InvalidInput
 from gateway_ledger.domain.events import fields_set_once
 from gateway_ledger.domain.topics import stored_as
 from gateway_ledger.domain.values import (
+    KNOWN_LISTS,
     MAX_REASON_CHARS,
     UNRESOLVED_STATES,
     AbandonReason,
@@ -42,6 +43,7 @@ from gateway_ledger.domain.values import (
     QuarantineReason,
     SendGuard,
     cut_error,
+    is_item_list,
     receipt_ids,
     require_aware,
     require_choice,
@@ -69,10 +71,6 @@ def obligation_uuid(obligation_id: str) -> UUID:
     digest = hashlib.sha1(_NAMESPACE_BYTES + obligation_id.encode("utf-8"), usedforsecurity=False)
     return UUID(bytes=digest.digest()[:16], version=5)
 
-
-_LISTS = (list, tuple)
-"""What a caller passes as parts and media nearly always: known sequences, accepted
-without asking the ABCs (whose checks cost more than the rest of the validation)."""
 
 MAX_OBLIGATION_ID_CHARS = 200
 """Upstream's ids are 24 hex characters; an embedder's own ids get room, not a document."""
@@ -658,16 +656,14 @@ class DeliveryObligation(Aggregate):
         if not isinstance(owner, OwnerIdentity):
             raise InvalidInput("owner must be an OwnerIdentity")
         require_aware("now", now)
-        if type(parts) not in _LISTS and (
+        if type(parts) not in KNOWN_LISTS and (
             isinstance(parts, str | bytes) or not isinstance(parts, Sequence)
         ):
             raise InvalidInput(f"parts must be a sequence of str, not {type(parts).__name__}")
         part_list = [require_text(f"parts[{i}]", p, allow_empty=True) for i, p in enumerate(parts)]
         if part_list and "".join(part_list) != content:
             raise InvalidInput("parts must be the content split in order, nothing added or lost")
-        if type(media) not in _LISTS and (
-            isinstance(media, str | bytes | Mapping) or not isinstance(media, Iterable)
-        ):
+        if not is_item_list(media):
             raise InvalidInput(f"media must be a list of MediaItem, not {type(media).__name__}")
         media_list = list(media)
         for item in media_list:
