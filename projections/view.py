@@ -15,7 +15,7 @@ stops the view: the projection says how the aggregate's row shows it (ADR 0027).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 from uuid import UUID
 
@@ -131,6 +131,13 @@ class MaterializedView(ABC):
         self, *, batch_size: int = DEFAULT_BATCH_SIZE, max_batches: int | None = None
     ) -> int:
         """Apply the notifications after the tracked position; how many were applied."""
+
+    def follow(self, written: Sequence[Any]) -> int:
+        """Reflect events this process has just written (the library's ``Recording``s:
+        each event with its notification), and anything before them; how many applied.
+        A view that can take them from memory does (no read back, no decode); this one
+        catches up from the log."""
+        return self.catch_up()
 
     @abstractmethod
     def rebuild(self, *, batch_size: int = DEFAULT_BATCH_SIZE) -> int:

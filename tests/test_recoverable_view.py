@@ -34,6 +34,9 @@ step = st.one_of(
     st.tuples(st.just("fail"), index, st.sampled_from(list(ErrorClass))),
     st.tuples(st.just("claim"), index, st.integers(0, 2)),
     st.tuples(st.just("abandon"), index),
+    # As a sweep stores them: the view follows the write from memory where it can.
+    st.tuples(st.just("claim_followed"), index, st.integers(0, 2)),
+    st.tuples(st.just("abandon_followed"), index),
     st.tuples(st.just("catch_up"), st.integers(1, 7)),
     st.tuples(st.just("reconcile"), index, st.sampled_from(["arrived", "not_arrived", "unknown"])),
     st.tuples(st.just("status"), index, st.sampled_from(["read", "failed_after_acceptance"])),
@@ -71,9 +74,9 @@ def run_step(
             agg.confirm_delivery(by=agg.owner, now=now, receipt=["r"])
         elif kind == "fail":
             agg.fail(by=agg.owner, now=now, error="e", classification=action[2])
-        elif kind == "claim":
+        elif kind in ("claim", "claim_followed"):
             agg.claim(by=OWNERS[action[2]], now=now, policy=POLICY)
-        elif kind == "abandon":
+        elif kind in ("abandon", "abandon_followed"):
             agg.abandon(reason=AbandonReason.OPERATOR, now=now, detail="stop")
         elif kind == "reconcile":  # ADR 0050: the platform's answer before a re-send
             ids = ["r"] if action[2] == "arrived" else []
@@ -82,7 +85,10 @@ def run_step(
             agg.report_status(status=action[2], at=now, now=now, message_id="r")
     except IllegalTransition:
         return
-    ledger.save(agg)
+    if kind.endswith("_followed"):
+        ledger.recoverable.follow(ledger.store_changes([agg]))
+    else:
+        ledger.save(agg)
 
 
 def test_rebuild_equals_the_incrementally_maintained_view(store_location: str) -> None:
@@ -242,3 +248,54 @@ def test_the_index_holds_the_aggregates_marker_and_rebuilds_to_the_same(
         assert {row["obligation_id"]: dict(row) for row in index.select()} == rows
 
     prop()
+
+
+def test_the_view_follows_its_own_write_from_memory_only_right_after_its_position(
+    store_location: str,
+) -> None:
+    """A sweep's claims reach the view without being read back and decoded, when nothing
+    came between the view's position and them and they keep nothing sealed; otherwise
+    the view is caught up from the log. Either way it holds what a rebuild gives."""
+    dead = DeliveryLedger.open(store_location, owner=dead_owner())
+    for i in range(4):
+        dead.record_obligation(
+            obligation_id=f"o{i}", session_key="k", platform="telegram", chat_id="1", content="x"
+        )
+    sweeper = DeliveryLedger.open(store_location)
+    view = sweeper.recoverable
+    view.catch_up()
+    now = T0 + timedelta(days=1)
+    claimed = [sweeper.load(f"o{i}") for i in range(2)]
+    for obligation in claimed:
+        obligation.claim(by=sweeper.owner, now=now, policy=POLICY)
+    written = sweeper.store_changes(claimed)
+    assert view.runner.follow(written) == 2  # from memory
+    assert view.position() == written[-1].notification.id == sweeper.recorder.max_notification_id()
+    owners = {e.obligation_id: e.owner for e in view.entries()}
+    assert owners == {"o0": sweeper.owner, "o1": sweeper.owner, "o2": dead.owner, "o3": dead.owner}
+
+    # Another writer's event between the view's position and the write: nothing is taken
+    # from memory (nothing written), and the port's follow catches up instead.
+    dead.record_obligation(
+        obligation_id="o4", session_key="k", platform="telegram", chat_id="1", content="x"
+    )
+    third = sweeper.load("o2")
+    third.claim(by=sweeper.owner, now=now, policy=POLICY)
+    written = sweeper.store_changes([third])
+    before = view.position()
+    assert view.runner.follow(written) is None
+    assert view.position() == before
+    assert view.follow(written) == 2  # o4's record, then the claim
+
+    # A recorded reply keeps its text sealed at rest: the view must see it as stored.
+    fresh = sweeper.new_obligation(
+        obligation_id="o5", session_key="k", platform="telegram", chat_id="1", content="x"
+    )
+    written = sweeper.store_changes([fresh])
+    assert view.runner.follow(written) is None
+    assert view.follow(written) == 1
+
+    followed = view_snapshot(sweeper)
+    assert [row[0] for row in followed] == [f"o{i}" for i in range(6)]
+    view.rebuild()
+    assert view_snapshot(sweeper) == followed

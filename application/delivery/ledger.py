@@ -22,7 +22,7 @@ from typing import Any, ClassVar, overload
 from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError, Application
-from eventsourcing.persistence import IntegrityError
+from eventsourcing.persistence import IntegrityError, Recording
 
 from gateway_ledger.application.clock import Clock, system_clock
 from gateway_ledger.application.delivery import interface
@@ -648,9 +648,9 @@ class DeliveryLedger(Application[UUID], ABC):
         """The obligation's pending events, through the application's one write path."""
         self.sealed_events.append(obligation.collect_events())
 
-    def store_changes(self, obligations: Sequence[DeliveryObligation]) -> None:
+    def store_changes(self, obligations: Sequence[DeliveryObligation]) -> Sequence[Recording[UUID]]:
         """The pending events of several obligations in one transaction, through the one
-        write path (not the library's ``save``: no ``Recording`` per event, no protocol
-        checks). The library's ``IntegrityError`` when any of them lost a race: then none
-        of them is stored."""
-        self.sealed_events.append([e for o in obligations for e in o.collect_events()])
+        write path (not the library's ``save``: no protocol checks), with where the log put
+        them, for a view to follow (``MaterializedView.follow``). The library's
+        ``IntegrityError`` when any of them lost a race: then none of them is stored."""
+        return self.sealed_events.put([e for o in obligations for e in o.collect_events()])

@@ -15,6 +15,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 from uuid import UUID
 
+from eventsourcing.persistence import Recording
+
 from gateway_ledger.application.clock import Clock
 from gateway_ledger.application.privacy.ports import SealingMapper
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation
@@ -105,6 +107,10 @@ class EventAppender(Protocol):
 
     def append(self, domain_events: Sequence[Any], **kwargs: Any) -> None: ...
 
+    def put(self, domain_events: Sequence[Any], **kwargs: Any) -> list[Recording[UUID]]:
+        """The same write, returning each event with the notification the log made of it."""
+        ...
+
 
 class LedgerPort(Protocol):
     """The delivery ledger as the sweep, the operators' queries and erasure use it."""
@@ -149,7 +155,9 @@ class LedgerPort(Protocol):
 
     def save_transition(self, obligation: DeliveryObligation, transition: str) -> None: ...
 
-    def store_changes(self, obligations: Sequence[DeliveryObligation]) -> None: ...
+    def store_changes(
+        self, obligations: Sequence[DeliveryObligation]
+    ) -> Sequence[Recording[UUID]]: ...
 
     def change(
         self,

@@ -146,6 +146,8 @@ class RecoverySweep:
         self.abandoned: Counter[str] = Counter()  # by reason
         self.batch_size = max(1, batch_size)
         self.won: list[Claim] = []
+        self.written: list[Any] = []
+        """What this sweep stored, each event with its notification, for the view."""
         self._alive: dict[OwnerIdentity, bool] = {}
         self._gone: dict[OwnerIdentity, bool] = {}
 
@@ -199,7 +201,7 @@ class RecoverySweep:
             self.commit(batch)
         if self.won or self.abandoned:
             try:
-                applied += view.catch_up()  # reflect our own claims; repairable if it fails
+                applied += view.follow(self.written)  # our own claims; repairable if it fails
             except PersistenceError as e:
                 log.warning("sweep: view catch-up after claims failed (repaired later): %s", e)
         result = SweepResult(
@@ -297,7 +299,7 @@ class RecoverySweep:
         if not batch:
             return
         try:
-            self.ledger.store_changes([d.obligation for d in batch])
+            self.written += self.ledger.store_changes([d.obligation for d in batch])
         except (IntegrityError, PersistenceError) as e:
             if len(batch) == 1 and isinstance(e, IntegrityError):
                 self.counts["lost_races"] += 1
@@ -318,7 +320,7 @@ class RecoverySweep:
         if decision is None:
             return
         try:
-            self.ledger.store_changes([decision.obligation])
+            self.written += self.ledger.store_changes([decision.obligation])
         except IntegrityError:
             self.counts["lost_races"] += 1
             log.debug("sweep: %s taken by a concurrent sweeper", obligation_id)

@@ -315,6 +315,13 @@ class PrivateMapper(Mapper[UUID]):
             )
         return facts
 
+    def seals(self, cls: type) -> bool:
+        """Whether events of this class keep anything sealed at rest: a reader that must
+        see one as the store holds it (a view decodes with its personal fields left
+        sealed) can take an event of a class that seals nothing from memory as it is."""
+        facts = self._event_class(cls)
+        return self.encrypt and (facts.spec is not None or facts.snapshot)
+
     # -- subjects of aggregates -------------------------------------------------------------
 
     def subject_of(self, originator_id: UUID) -> str | None:

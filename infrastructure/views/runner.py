@@ -16,6 +16,10 @@ the same (ADR 0027).
 Several processes may catch the same view up at once: notifications are read outside
 the write transaction, then the transaction locks the tracking row, re-reads the position
 and applies only what is still beyond it.
+
+What this process has just written need not be read back: ``follow`` applies it from
+memory when it comes right after the view's position and keeps nothing sealed at rest
+(ADR 0078); otherwise the view catches up from the log.
 """
 
 from __future__ import annotations
@@ -92,6 +96,21 @@ class _Refused(Exception):
     def __init__(self, index: int, bad: Undecodable) -> None:
         self.index = index
         self.bad = bad
+
+
+class _Gap(Exception):
+    """The view's position is short of the events to apply: others' events come first."""
+
+
+class Written(Protocol):
+    """One event this process wrote, with where the log put it (the library's
+    ``Recording``)."""
+
+    @property
+    def domain_event(self) -> Any: ...
+
+    @property
+    def notification(self) -> Notification: ...
 
 
 class ProjectionRunner:
@@ -250,13 +269,47 @@ class ProjectionRunner:
                 log.info("projection %s: batch applied unfolded (%s)", self.projection.name, failed)
                 fold = False
 
+    def follow(self, written: Sequence[Written]) -> int | None:
+        """Apply the events this process has just written, as they are in memory, when
+        they come right after the view's position (nothing else was written between
+        them); returns how many applied, or None when they cannot be taken so (another
+        writer's events came between, one of them keeps a field sealed at rest, which the
+        view must see sealed, or the projection refused one) and nothing was written:
+        the caller catches up from the log instead.
+
+        The view then skips reading back and decoding what this process wrote; its
+        change and its position still commit together, as a catch-up's do."""
+        if self.read_only or not written:
+            return None
+        seals: Any = getattr(self.app.mapper, "seals", None)
+        prefix = self.projection.topic_prefix
+        first = written[0].notification.id
+        events: list[tuple[int, Any]] = []
+        for expected, recording in enumerate(written, start=first):
+            notification = recording.notification
+            event = recording.domain_event
+            if notification.id != expected or (seals is not None and seals(type(event))):
+                return None
+            if notification.topic.startswith(prefix):
+                events.append((expected, event))
+        self.ensure_tables()
+        self.projection.prepare()
+        last_id = first + len(written) - 1
+        try:
+            applied, _ = self._apply_events(events, last_id, fold=self.folds, after=first - 1)
+        except (_Gap, _Refused, FoldFailed):
+            return None  # rolled back: nothing of it was written
+        return applied
+
     def _apply_events(
-        self, events: list[tuple[int, Any]], last_id: int, *, fold: bool
+        self, events: list[tuple[int, Any]], last_id: int, *, fold: bool, after: int | None = None
     ) -> tuple[int, int]:
         projection = self.projection
         refused = (*DECODING_ERRORS, *self.dialect.data_errors)
         with self.dialect.write_transaction() as c:
             current = self._read_position(c, lock=True)
+            if after is not None and current < after:
+                raise _Gap
             keys = {_key_of(e) for nid, e in events if nid > current} if fold else None
             sink = projection.batch(c, self.dialect, keys)
             todo = 0

@@ -105,6 +105,10 @@ class SqlView(MaterializedView):
     ) -> int:
         return self.runner.catch_up(batch_size=batch_size, max_batches=max_batches)
 
+    def follow(self, written: Sequence[Any]) -> int:
+        applied = self.runner.follow(written)
+        return self.catch_up() if applied is None else applied
+
     def rebuild(self, *, batch_size: int = DEFAULT_BATCH_SIZE) -> int:
         return self.runner.rebuild(batch_size=batch_size)
 
