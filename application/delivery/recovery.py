@@ -166,6 +166,13 @@ class RecoverySweep:
         return gone
 
     def run(self) -> tuple[SweepResult, list[Claim]]:
+        """The view caught up over the orphans' events, then their aggregates loaded: the
+        load takes the view's parse of each event's bytes (``sharing_parses``) and opens
+        what the view left sealed, so each event is parsed once."""
+        with self.ledger.private_mapper.sharing_parses():
+            return self._run()
+
+    def _run(self) -> tuple[SweepResult, list[Claim]]:
         started = time.perf_counter()
         view = self.ledger.recoverable
         applied = view.catch_up()

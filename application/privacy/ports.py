@@ -93,6 +93,9 @@ class SealingMapper(Protocol):
     def sealed(self) -> AbstractContextManager[Any]:
         """Within: nothing is opened; personal fields keep their placeholders."""
 
+    def sharing_parses(self) -> AbstractContextManager[Any]:
+        """Within: an event's parse of its stored bytes serves the next reader of them."""
+
 
 class ErasableLedger(Protocol):
     """The delivery ledger as an erasure sees it."""

@@ -81,6 +81,13 @@ class Openings:
 
 
 _WATCH: ContextVar[Openings | None] = ContextVar("gateway_ledger_openings", default=None)
+_Parsed = tuple[bytes, type, dict[str, Any], dict[str, str] | None]
+"""One stored event parsed: its bytes, class, state (top level copied) and envelope."""
+_SHARED: ContextVar[dict[tuple[Any, int], _Parsed] | None] = ContextVar(
+    "gateway_ledger_shared_parses", default=None
+)
+MAX_SHARED_PARSES = 512
+"""Parses left by sealed reads for an opening read at most, within one ``sharing_parses``."""
 
 
 @attrs.frozen
@@ -251,6 +258,15 @@ class _SealPlan:
             else:
                 plain.append(head)
         return cls(tuple(plain), tuple((h, tuple(a)) for h, a in nested.items()))
+
+
+def _parse_key(stored_event: StoredEvent) -> tuple[Any, int]:
+    """Which event a kept parse is of: a UUID by its integer (hashed in C, a UUID's hash
+    is a Python call), and the version."""
+    originator_id: Any = stored_event.originator_id
+    if type(originator_id) is UUID:
+        originator_id = originator_id.int
+    return originator_id, stored_event.originator_version
 
 
 @attrs.frozen
@@ -543,6 +559,23 @@ class PrivateMapper(Mapper[UUID]):
 
     @staticmethod
     @contextlib.contextmanager
+    def sharing_parses() -> Iterator[None]:
+        """Within: a sealed read (a view's) leaves its parse of each event's stored bytes
+        for the next read that opens the same bytes (a sweep's view catches up over the
+        orphans' events, then its load reads them again to open what the view left
+        sealed): that read skips the transcoder's parse and the checks of its shape, and
+        does the rest (opening, building) itself. A parse left serves one read and is
+        gone; at most ``MAX_SHARED_PARSES`` wait at once (the first ones: beyond them, a
+        long catch-up pays only a length check per event); all go when the block ends.
+        A snapshot's parse is not left (opening one writes into its nested state)."""
+        token = _SHARED.set({})
+        try:
+            yield
+        finally:
+            _SHARED.reset(token)
+
+    @staticmethod
+    @contextlib.contextmanager
     def watching() -> Iterator[Openings]:
         """Within: every aggregate whose sealed fields could not be opened is noted."""
         openings = Openings()
@@ -556,6 +589,36 @@ class PrivateMapper(Mapper[UUID]):
         self, stored_event: StoredEvent
     ) -> tuple[type, dict[str, Any], dict[str, str] | None]:
         """The event's class, its state, and its envelope if it is to be opened."""
+        shared = _SHARED.get()
+        keep_sealed = _KEEP_SEALED.get()
+        if shared is None:
+            cls, event_state, envelope = self._parsed(stored_event)
+        elif keep_sealed:
+            cls, event_state, envelope = self._parsed(stored_event)
+            if len(shared) < MAX_SHARED_PARSES and not self._event_class(cls).snapshot:
+                shared[_parse_key(stored_event)] = (
+                    stored_event.state,
+                    cls,
+                    dict(event_state),  # the reader's build replaces its top-level fields
+                    envelope,
+                )
+        else:
+            left = shared.pop(_parse_key(stored_event), None)
+            if left is not None and left[0] == stored_event.state:
+                cls, event_state, envelope = left[1], dict(left[2]), left[3]
+            else:
+                cls, event_state, envelope = self._parsed(stored_event)
+        if envelope is not None and (_STATE_ONLY.get() or keep_sealed):
+            spec = self.policy.by_topic.get(stored_event.topic)
+            if keep_sealed or (spec is not None and spec.state_free):
+                self._remember(str(stored_event.originator_id), envelope["s"])
+                envelope = None
+        return cls, event_state, envelope
+
+    def _parsed(
+        self, stored_event: StoredEvent
+    ) -> tuple[type, dict[str, Any], dict[str, str] | None]:
+        """The event's class, its state and its envelope, as stored, its shape checked."""
         cls = resolve_topic(stored_event.topic)
         try:
             event_state: dict[str, Any] = self.transcoder.decode(stored_event.state)
@@ -572,11 +635,6 @@ class PrivateMapper(Mapper[UUID]):
         malformed = _malformed_value(event_state, self._type_names)
         if malformed is not None:
             raise _undecodable(stored_event, f"malformed typed value in {malformed!r}")
-        if envelope is not None and (_STATE_ONLY.get() or _KEEP_SEALED.get()):
-            spec = self.policy.by_topic.get(stored_event.topic)
-            if _KEEP_SEALED.get() or (spec is not None and spec.state_free):
-                self._remember(str(stored_event.originator_id), envelope["s"])
-                envelope = None
         return cls, event_state, envelope
 
     def _built(
