@@ -590,30 +590,33 @@ class PrivateMapper(Mapper[UUID]):
     ) -> tuple[type, dict[str, Any], dict[str, str] | None]:
         """The event's class, its state, and its envelope if it is to be opened."""
         shared = _SHARED.get()
-        keep_sealed = _KEEP_SEALED.get()
         if shared is None:
             cls, event_state, envelope = self._parsed(stored_event)
-        elif keep_sealed:
-            cls, event_state, envelope = self._parsed(stored_event)
-            if len(shared) < MAX_SHARED_PARSES and not self._event_class(cls).snapshot:
-                shared[_parse_key(stored_event)] = (
-                    stored_event.state,
-                    cls,
-                    dict(event_state),  # the reader's build replaces its top-level fields
-                    envelope,
-                )
         else:
-            left = shared.pop(_parse_key(stored_event), None)
-            if left is not None and left[0] == stored_event.state:
-                cls, event_state, envelope = left[1], dict(left[2]), left[3]
-            else:
-                cls, event_state, envelope = self._parsed(stored_event)
-        if envelope is not None and (_STATE_ONLY.get() or keep_sealed):
+            cls, event_state, envelope = self._shared_parse(stored_event, shared)
+        if envelope is not None and (_STATE_ONLY.get() or _KEEP_SEALED.get()):
             spec = self.policy.by_topic.get(stored_event.topic)
-            if keep_sealed or (spec is not None and spec.state_free):
+            if _KEEP_SEALED.get() or (spec is not None and spec.state_free):
                 self._remember(str(stored_event.originator_id), envelope["s"])
                 envelope = None
         return cls, event_state, envelope
+
+    def _shared_parse(
+        self, stored_event: StoredEvent, shared: dict[tuple[Any, int], _Parsed]
+    ) -> tuple[type, dict[str, Any], dict[str, str] | None]:
+        """Within ``sharing_parses``: a sealed read parses and leaves its parse; an opening
+        read takes the parse left for the same bytes, or parses its own."""
+        if _KEEP_SEALED.get():
+            cls, event_state, envelope = self._parsed(stored_event)
+            if len(shared) < MAX_SHARED_PARSES and not self._event_class(cls).snapshot:
+                # A copy of the top level: the reader's build replaces top-level fields.
+                kept = dict(event_state)
+                shared[_parse_key(stored_event)] = (stored_event.state, cls, kept, envelope)
+            return cls, event_state, envelope
+        left = shared.pop(_parse_key(stored_event), None)
+        if left is not None and left[0] == stored_event.state:
+            return left[1], dict(left[2]), left[3]
+        return self._parsed(stored_event)
 
     def _parsed(
         self, stored_event: StoredEvent
