@@ -299,3 +299,27 @@ def test_the_view_follows_its_own_write_from_memory_only_right_after_its_positio
     assert [row[0] for row in followed] == [f"o{i}" for i in range(6)]
     view.rebuild()
     assert view_snapshot(sweeper) == followed
+
+
+def test_rows_read_together_share_one_identity_per_owner(store_location: str) -> None:
+    """A dead gateway's orphans have one owner: the sweep's read builds (and checks) it
+    once; another owner's rows get their own."""
+    first, second = dead_owner(), dead_owner()
+    for owner, prefix in ((first, "a"), (second, "b")):
+        ledger = DeliveryLedger.open(store_location, owner=owner)
+        for i in range(3):
+            ledger.record_obligation(
+                obligation_id=f"{prefix}{i}",
+                session_key="k",
+                platform="telegram",
+                chat_id="1",
+                content="x",
+            )
+        ledger.close()
+    view = DeliveryLedger.open(store_location).recoverable
+    view.catch_up()
+    entries = view.entries()
+    by_owner = {e.obligation_id: e.owner for e in entries}
+    assert [by_owner[f"a{i}"] for i in range(3)] == [first] * 3
+    assert [by_owner[f"b{i}"] for i in range(3)] == [second] * 3
+    assert len({id(owner) for owner in by_owner.values()}) == 2

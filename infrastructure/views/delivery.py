@@ -14,7 +14,7 @@ from uuid import UUID
 from eventsourcing.application import Application
 
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation
-from gateway_ledger.domain.values import QUARANTINED
+from gateway_ledger.domain.values import QUARANTINED, OwnerIdentity
 from gateway_ledger.infrastructure.eventstore.sql_dialect import Cursor, SqlDialect
 from gateway_ledger.infrastructure.privacy.private_mapper import ERASED
 from gateway_ledger.infrastructure.views.fold import declared_defaults
@@ -140,7 +140,8 @@ class SqlRecoverableView(SqlObligationView, RecoverableView):
 
     def entries(self) -> list[RecoverableEntry]:
         rows = self.select(suffix=" ORDER BY recorded_at, obligation_id")
-        return [RecoverableEntry.from_row(row) for row in rows]
+        owners: dict[tuple[Any, ...], OwnerIdentity] = {}
+        return [RecoverableEntry.from_row(row, owners) for row in rows]
 
 
 # -- the obligation index ----------------------------------------------------------------------

@@ -61,20 +61,36 @@ class RecoverableEntry:
         return self.state == QUARANTINED
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> RecoverableEntry:
-        start_time = row["owner_start_time"]
+    def from_row(
+        cls, row: Mapping[str, Any], owners: dict[tuple[Any, ...], OwnerIdentity] | None = None
+    ) -> RecoverableEntry:
+        """One row as an entry; ``owners`` shares one identity per owner among the rows
+        read together (a dead gateway's orphans have one owner: built and checked once)."""
+        columns = (
+            row["owner_host"],
+            row["owner_boot_id"],
+            row["owner_pid"],
+            row["owner_start_time"],
+            row["owner_installation_id"],
+        )
+        owner = None if owners is None else owners.get(columns)
+        if owner is None:
+            host, boot_id, pid, start_time, installation_id = columns
+            owner = OwnerIdentity(
+                host=host,
+                boot_id=boot_id,
+                pid=int(pid),
+                start_time=None if start_time is None else int(start_time),
+                installation_id=installation_id,
+            )
+            if owners is not None:
+                owners[columns] = owner
         return cls(
             obligation_id=row["obligation_id"],
             aggregate_id=row["aggregate_id"],
             state=row["state"],
             platform=row["platform"],
-            owner=OwnerIdentity(
-                host=row["owner_host"],
-                boot_id=row["owner_boot_id"],
-                pid=int(row["owner_pid"]),
-                start_time=None if start_time is None else int(start_time),
-                installation_id=row["owner_installation_id"],
-            ),
+            owner=owner,
             recovery_attempts=int(row["recovery_attempts"]),
             recorded_at=from_micros(row["recorded_at"]),
             last_transition_at=from_micros(row["last_transition_at"]),
