@@ -8,7 +8,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from recovery_support import dead_owner, truth_snapshot, view_snapshot
+from recovery_support import dead_owner, record_orphans, truth_snapshot, view_snapshot
 
 from gateway_ledger.bootstrap import DeliveryLedger
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation
@@ -305,21 +305,11 @@ def test_rows_read_together_share_one_identity_per_owner(store_location: str) ->
     """A dead gateway's orphans have one owner: the sweep's read builds (and checks) it
     once; another owner's rows get their own."""
     first, second = dead_owner(), dead_owner()
-    for owner, prefix in ((first, "a"), (second, "b")):
-        ledger = DeliveryLedger.open(store_location, owner=owner)
-        for i in range(3):
-            ledger.record_obligation(
-                obligation_id=f"{prefix}{i}",
-                session_key="k",
-                platform="telegram",
-                chat_id="1",
-                content="x",
-            )
-        ledger.close()
+    ids_a = record_orphans(store_location, 3, prefix="a", owner=first)
+    ids_b = record_orphans(store_location, 3, prefix="b", owner=second)
     view = DeliveryLedger.open(store_location).recoverable
     view.catch_up()
-    entries = view.entries()
-    by_owner = {e.obligation_id: e.owner for e in entries}
-    assert [by_owner[f"a{i}"] for i in range(3)] == [first] * 3
-    assert [by_owner[f"b{i}"] for i in range(3)] == [second] * 3
-    assert len({id(owner) for owner in by_owner.values()}) == 2
+    by_id = {e.obligation_id: e.owner for e in view.entries()}
+    assert [by_id[oid] for oid in ids_a] == [first] * 3
+    assert [by_id[oid] for oid in ids_b] == [second] * 3
+    assert len({id(owner) for owner in by_id.values()}) == 2
