@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from eventsourcing.persistence import StoredEvent
+from recovery_support import dead_owner
 
 from gateway_ledger.bootstrap import DeliveryLedger
 from gateway_ledger.infrastructure.privacy.private_mapper import ERASED, UNREADABLE
@@ -71,13 +72,9 @@ def test_other_bytes_under_the_same_version_are_parsed_as_they_are(tmp_path: Pat
     assert fields(inside) == fields(outside)
 
 
-def test_a_sweep_parses_each_orphan_event_once_and_claims_what_it_would_alone(
-    tmp_path: Path,
-) -> None:
-    """The sweep's claims carry the replies' text as recorded (the load opened the parse
-    the view's catch-up left sealed)."""
-    from recovery_support import dead_owner
-
+def test_a_sweep_that_shares_its_parses_claims_the_replies_text(tmp_path: Path) -> None:
+    """The sweep's claims carry the replies' text as recorded: the load opened the parses
+    the view's catch-up left sealed, and no placeholder reached a claim."""
     location = str(tmp_path / "ledger.db")
     dead = DeliveryLedger.open(location, owner=dead_owner())
     texts = {f"o{i}": f"reply {i} to chat {i % 3}" for i in range(40)}

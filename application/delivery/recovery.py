@@ -25,7 +25,7 @@ from typing import Any
 from uuid import UUID
 
 import attrs
-from eventsourcing.persistence import IntegrityError, PersistenceError
+from eventsourcing.persistence import IntegrityError, PersistenceError, Recording
 
 from gateway_ledger.application.delivery.interface import Claim
 from gateway_ledger.application.delivery.ledger_ports import LedgerPort, LivenessPolicy, Loaded
@@ -146,7 +146,7 @@ class RecoverySweep:
         self.abandoned: Counter[str] = Counter()  # by reason
         self.batch_size = max(1, batch_size)
         self.won: list[Claim] = []
-        self.written: list[Any] = []
+        self.written: list[Recording[UUID]] = []
         """What this sweep stored, each event with its notification, for the view."""
         self._alive: dict[OwnerIdentity, bool] = {}
         self._gone: dict[OwnerIdentity, bool] = {}

@@ -33,7 +33,7 @@ from uuid import UUID
 
 import attrs
 from eventsourcing.application import Application
-from eventsourcing.persistence import IntegrityError, Notification, StoredEvent
+from eventsourcing.persistence import IntegrityError, Notification, Recording, StoredEvent
 from eventsourcing.utils import get_topic
 
 from gateway_ledger.domain.errors import LedgerError
@@ -100,17 +100,6 @@ class _Refused(Exception):
 
 class _Gap(Exception):
     """The view's position is short of the events to apply: others' events come first."""
-
-
-class Written(Protocol):
-    """One event this process wrote, with where the log put it (the library's
-    ``Recording``)."""
-
-    @property
-    def domain_event(self) -> Any: ...
-
-    @property
-    def notification(self) -> Notification: ...
 
 
 class ProjectionRunner:
@@ -269,7 +258,7 @@ class ProjectionRunner:
                 log.info("projection %s: batch applied unfolded (%s)", self.projection.name, failed)
                 fold = False
 
-    def follow(self, written: Sequence[Written]) -> int | None:
+    def follow(self, written: Sequence[Recording[Any]]) -> int | None:
         """Apply the events this process has just written, as they are in memory, when
         they come right after the view's position (nothing else was written between
         them); returns how many applied, or None when they cannot be taken so (another
