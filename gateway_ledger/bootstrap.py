@@ -287,8 +287,10 @@ class DeliveryLedger(PrivateEvents, delivery_ledger.DeliveryLedger):
     def gone_proof(self) -> GoneProof:
         return proven_gone
 
-    def load_each(self, aggregate_ids: Sequence[UUID]) -> Loaded:
-        return load_each(self, aggregate_ids)
+    def load_each(
+        self, aggregate_ids: Sequence[UUID], viewed: Mapping[UUID, int] | None = None
+    ) -> Loaded:
+        return load_each(self, aggregate_ids, viewed)
 
     @property
     def kept(self) -> KeptAggregates:

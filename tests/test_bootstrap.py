@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import hashlib
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -268,7 +268,9 @@ class InMemoryLedger(delivery_ledger.DeliveryLedger):
     def gone_proof(self) -> Callable[[OwnerIdentity], bool]:
         return lambda owner: False  # no process to judge: only presumed gone
 
-    def load_each(self, aggregate_ids: Sequence[UUID]) -> Loaded:
+    def load_each(
+        self, aggregate_ids: Sequence[UUID], viewed: Mapping[UUID, int] | None = None
+    ) -> Loaded:
         return Loaded({i: self.repository.get(i) for i in aggregate_ids if i in self.repository})
 
     @property

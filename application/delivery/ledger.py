@@ -150,8 +150,12 @@ class DeliveryLedger(Application[UUID], ABC):
         """Proof that an owner's process is gone (this host only), for a claim (ADR 0050)."""
 
     @abstractmethod
-    def load_each(self, aggregate_ids: Sequence[UUID]) -> Loaded:
-        """The current state of each aggregate, read together, each failing on its own."""
+    def load_each(
+        self, aggregate_ids: Sequence[UUID], viewed: Mapping[UUID, int] | None = None
+    ) -> Loaded:
+        """The current state of each aggregate, read together, each failing on its own;
+        ``viewed``: versions a view shows of them, whose events this process may have
+        just read for it (then taken from that read, fenced by their version, ADR 0080)."""
 
     @property
     @abstractmethod

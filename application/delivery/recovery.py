@@ -167,8 +167,9 @@ class RecoverySweep:
 
     def run(self) -> tuple[SweepResult, list[Claim]]:
         """The view caught up over the orphans' events, then their aggregates loaded: the
-        load takes the view's parse of each event's bytes (``sharing_parses``) and opens
-        what the view left sealed, so each event is parsed once."""
+        load takes the events the view read and its parse of them (``sharing_parses``,
+        the rows' versions) and opens what the view left sealed, so each event is read
+        and parsed once; the claims are fenced by the version (ADR 0080)."""
         with self.ledger.private_mapper.sharing_parses():
             return self._run()
 
@@ -222,7 +223,8 @@ class RecoverySweep:
 
     def load(self, _: str, chunk: list[RecoverableEntry]) -> Loaded:
         """The chunk's aggregates, current as of now, read in one query, each on its own."""
-        return self.ledger.load_each([UUID(e.aggregate_id) for e in chunk])
+        viewed = {UUID(e.aggregate_id): e.version for e in chunk}
+        return self.ledger.load_each(list(viewed), viewed)
 
     def guarded(self, step: Callable[..., Any], obligation_id: str, *args: Any) -> Any:
         """One obligation's trouble is logged and counted; what was won is still returned."""

@@ -94,7 +94,8 @@ class SealingMapper(Protocol):
         """Within: nothing is opened; personal fields keep their placeholders."""
 
     def sharing_parses(self) -> AbstractContextManager[Any]:
-        """Within: an event's parse of its stored bytes serves the next reader of them."""
+        """Within: the events a sealed read read, and its parse of them, serve the next
+        reader that opens them (ADR 0080)."""
 
 
 class ErasableLedger(Protocol):

@@ -11,7 +11,7 @@ eventsourcing 9.5 table layout (originator_id, originator_version, topic, state)
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
@@ -117,9 +117,28 @@ class Loaded:
     openings: Openings
 
 
-def load_each(app: Application[Any], ids: Sequence[UUID]) -> Loaded:
-    """The current state of each aggregate that exists, one bad event failing only its own."""
-    found = select_stored_events(app, ids)
+def load_each(
+    app: Application[Any], ids: Sequence[UUID], viewed: Mapping[UUID, int] | None = None
+) -> Loaded:
+    """The current state of each aggregate that exists, one bad event failing only its own.
+
+    ``viewed``: the version a view shows of some of them. An aggregate whose events up to
+    that version this process has just read for the view (the mapper's
+    ``shared_history``, within ``sharing_parses``) is rebuilt from them, not read again:
+    it is the aggregate as of that read, and a write made from it is fenced by its
+    version like any other (a later event makes it fail, ADR 0080)."""
+    history: Any = getattr(app.mapper, "shared_history", None) if viewed else None
+    found: dict[UUID, list[StoredEvent]] = {}
+    unread: list[UUID] = []
+    for aggregate_id in ids:
+        version = viewed.get(aggregate_id) if history is not None and viewed else None
+        kept = history(aggregate_id, version) if version else None
+        if kept is None:
+            unread.append(aggregate_id)
+        else:
+            found[aggregate_id] = kept
+    if unread:
+        found.update(select_stored_events(app, unread))
     flat = [s for stored in found.values() for s in stored]
     watching = getattr(app.mapper, "watching", None)
     with watching() if watching is not None else contextlib.nullcontext(Openings()) as openings:

@@ -81,8 +81,8 @@ class Openings:
 
 
 _WATCH: ContextVar[Openings | None] = ContextVar("gateway_ledger_openings", default=None)
-_Parsed = tuple[bytes, type, dict[str, Any], dict[str, str] | None]
-"""One stored event parsed: its bytes, class, state (top level copied) and envelope."""
+_Parsed = tuple[StoredEvent, type, dict[str, Any], dict[str, str] | None]
+"""One stored event as read, and its parse: class, state (top level copied), envelope."""
 _SHARED: ContextVar[dict[tuple[Any, int], _Parsed] | None] = ContextVar(
     "gateway_ledger_shared_parses", default=None
 )
@@ -560,19 +560,36 @@ class PrivateMapper(Mapper[UUID]):
     @staticmethod
     @contextlib.contextmanager
     def sharing_parses() -> Iterator[None]:
-        """Within: a sealed read (a view's) leaves its parse of each event's stored bytes
+        """Within: a sealed read (a view's) leaves each stored event it read and its parse
         for the next read that opens the same bytes (a sweep's view catches up over the
-        orphans' events, then its load reads them again to open what the view left
-        sealed): that read skips the transcoder's parse and the checks of its shape, and
-        does the rest (opening, building) itself. A parse left serves one read and is
-        gone; at most ``MAX_SHARED_PARSES`` wait at once (the first ones: beyond them, a
-        long catch-up pays only a length check per event); all go when the block ends.
-        A snapshot's parse is not left (opening one writes into its nested state)."""
+        orphans' events, then its load takes them, ``shared_history``, to open what the
+        view left sealed): that read skips the transcoder's parse and the checks of its
+        shape, and does the rest (opening, building) itself. A parse left serves one read
+        and is gone; at most ``MAX_SHARED_PARSES`` wait at once (the first ones: beyond
+        them, a long catch-up pays only a length check per event); all go when the block
+        ends. A snapshot's parse is not left (opening one writes into its nested state)."""
         token = _SHARED.set({})
         try:
             yield
         finally:
             _SHARED.reset(token)
+
+    @staticmethod
+    def shared_history(originator_id: UUID, version: int) -> list[StoredEvent] | None:
+        """Within ``sharing_parses``: the aggregate's stored events, versions 1 to
+        ``version``, as the sealed reads that left their parses read them; None unless
+        every one of them was left (the reader then reads them from the store)."""
+        shared = _SHARED.get()
+        if not shared:
+            return None
+        key = originator_id.int
+        found: list[StoredEvent] = []
+        for v in range(1, version + 1):
+            left = shared.get((key, v))
+            if left is None:
+                return None
+            found.append(left[0])
+        return found
 
     @staticmethod
     @contextlib.contextmanager
@@ -611,10 +628,10 @@ class PrivateMapper(Mapper[UUID]):
             if len(shared) < MAX_SHARED_PARSES and not self._event_class(cls).snapshot:
                 # A copy of the top level: the reader's build replaces top-level fields.
                 kept = dict(event_state)
-                shared[_parse_key(stored_event)] = (stored_event.state, cls, kept, envelope)
+                shared[_parse_key(stored_event)] = (stored_event, cls, kept, envelope)
             return cls, event_state, envelope
         left = shared.pop(_parse_key(stored_event), None)
-        if left is not None and left[0] == stored_event.state:
+        if left is not None and left[0].state == stored_event.state:
             return left[1], dict(left[2]), left[3]
         return self._parsed(stored_event)
 
