@@ -91,6 +91,21 @@ def test_frozen_values_are_decoded_once_and_types_are_kept_apart() -> None:
     assert listed == _Pair([1], 2)  # unhashable fields: built each time, still right
 
 
+def test_a_frozen_value_holding_a_container_is_built_for_each_read() -> None:
+    """A frozen value read again is the one built before, found by its data as read; one
+    holding a list or a dict is built each time, so no two events share a container."""
+    transcoder = OrjsonTranscoder()
+    transcoder.register(AttrsTranscoding(_Pair))
+    held = orjson.dumps({"_type_": "_Pair", "_data_": {"a": [1], "b": {"c": 2}}})
+    first, second = transcoder.decode(held), transcoder.decode(held)
+    assert first == second == _Pair([1], {"c": 2})
+    assert first is not second and first.a is not second.a and first.b is not second.b
+    plain = orjson.dumps({"_type_": "_Pair", "_data_": {"a": "x", "b": None}})
+    assert transcoder.decode(plain) is transcoder.decode(plain) == _Pair("x", None)
+    swapped = orjson.dumps({"_type_": "_Pair", "_data_": {"b": "x", "a": None}})
+    assert transcoder.decode(swapped) == _Pair(None, "x")  # the same values, other fields
+
+
 def test_keyed_names_are_hmac_sha256_of_the_value(tmp_path: object) -> None:
     ledger = DeliveryLedger.open(f"{tmp_path}/ledger.db")
     try:

@@ -74,15 +74,17 @@ class OrjsonTranscoder(Transcoder):
         # id -> (value, its tagged encoding), for frozen attrs values: the same owner
         # identity is in nearly every event. Holding the value keeps its id unique.
         self._memo: dict[int, tuple[Any, dict[str, Any]]] = {}
-        # (name, (field, type, value)...) -> the frozen value decoded from those fields.
-        self._decoded: dict[tuple[Any, ...], Any] = {}
+        # (name, its data as JSON) -> the frozen value decoded from that data.
+        self._decoded: dict[tuple[str, bytes], Any] = {}
         self.register(DatetimeAsISO())
 
     def register(self, transcoding: Transcoding) -> None:
         self.types[transcoding.type] = transcoding
         self.names[transcoding.name] = transcoding
-        # Timestamps are in every event: encode them without the generic lookup.
+        # Timestamps are in every event: encode and decode them without the generic lookup.
         self._iso_datetimes = type(self.types.get(datetime)) is DatetimeAsISO
+        iso = self.names.get(DatetimeAsISO.name)
+        self._iso_transcoding = iso if type(iso) is DatetimeAsISO else None
 
     def encode(self, obj: Any) -> bytes:
         try:
@@ -158,21 +160,31 @@ class OrjsonTranscoder(Transcoder):
             ) from None
         data = tagged[_DATA]
         kind = type(data)
+        if kind is dict and getattr(transcoding, "frozen", False):
+            return self._frozen(transcoding, data)
+        if transcoding is self._iso_transcoding and kind is str:
+            return datetime.fromisoformat(data)  # every event's time: no call in between
         if kind is dict or kind is list:
             data = self._walk(data)
-        if kind is not dict or not getattr(transcoding, "frozen", False):
-            return transcoding.decode(data)
-        # A frozen value read again (the same owner is in nearly every event, the same
-        # target in every event of a chat): the value already built, validated once.
-        # The values' types are part of the key (``1 == True``, ``1 == 1.0``).
+        return transcoding.decode(data)
+
+    def _frozen(self, transcoding: Transcoding, data: dict[str, Any]) -> Any:
+        """A frozen value read again (the same owner is in nearly every event, the same
+        target in every event of a chat): the value already built, validated once. It is
+        found by its data as read, written back as JSON (types and order included: ``1``,
+        ``1.0`` and ``true`` differ), before anything inside is decoded. Only a value of
+        plain fields is kept: one holding a list or a dict is built each time, so no two
+        events share a container."""
         try:
-            key = (transcoding.name, *data.items(), *map(type, data.values()))
-            value = self._decoded.get(key)
-        except TypeError:  # an unhashable field (a list): built each time
-            return transcoding.decode(data)
+            key = (transcoding.name, orjson.dumps(data))
+        except orjson.JSONEncodeError:  # not what a parse gives: built each time
+            return transcoding.decode(self._walk(data))
+        value = self._decoded.get(key)
         if value is None:
-            value = transcoding.decode(data)
-            if len(self._decoded) >= _DECODED_SIZE:
-                self._decoded.clear()
-            self._decoded[key] = value
+            kinds = set(map(type, data.values()))
+            value = transcoding.decode(self._walk(data))
+            if dict not in kinds and list not in kinds:
+                if len(self._decoded) >= _DECODED_SIZE:
+                    self._decoded.clear()
+                self._decoded[key] = value
         return value
