@@ -13,7 +13,8 @@ nothing at all.
 The fold gives exactly what the statements would have given, or it does not fold:
 
 - only rows the store does not have when the batch begins are folded (one query for the
-  batch's keys); every other change goes to the store as it always did, at once;
+  keys it is given: the runner gives those of the aggregates the batch begins, ADR 0081);
+  every other change goes to the store as it always did, at once;
 - a change is applied in memory with the statements' own rules (:class:`RowWriter`): an
   insert keeps an existing row, an update, delete or upsert's replacement touches only a
   row that still takes changes (the view's guard, here as a predicate over the row), and

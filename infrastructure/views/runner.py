@@ -299,7 +299,14 @@ class ProjectionRunner:
             current = self._read_position(c, lock=True)
             if after is not None and current < after:
                 raise _Gap
-            keys = {_key_of(e) for nid, e in events if nid > current} if fold else None
+            # A row the store lacks is folded; the rows a batch creates are those of the
+            # aggregates it begins (their first event is in it), so only those are asked
+            # for: a batch that begins none (a sweep's claims) asks nothing (fold.py).
+            keys = (
+                {_key_of(e) for nid, e in events if nid > current and e.originator_version == 1}
+                if fold
+                else None
+            )
             sink = projection.batch(c, self.dialect, keys)
             todo = 0
             for index, (nid, event) in enumerate(events):

@@ -76,7 +76,7 @@ class SqlView(MaterializedView):
         """Where one batch's changes go: folded for the rows of ``keys`` the store does
         not have yet (``fold.py``), or, with no keys, each as a statement at once."""
         unguarded = self.guard and type(self).takes_changes is SqlView.takes_changes
-        if keys is None or unguarded:
+        if not keys or unguarded:
             return self.writer
         fold = RowFold(self.writer, self.takes_changes, self.column_defaults)
         fold.begin(cursor, keys)
