@@ -691,7 +691,8 @@ class PrivateMapper(Mapper[UUID]):
         self, envelope: dict[str, str], state: dict[str, Any], stored: StoredEvent, cls: type
     ) -> None:
         subject = envelope["s"]
-        self._remember(str(stored.originator_id), subject)
+        originator_id = str(stored.originator_id)  # for the memo and the AAD: one str() call
+        self._remember(originator_id, subject)
         if "c" not in envelope:
             return
         key_id = envelope["k"]
@@ -710,9 +711,7 @@ class PrivateMapper(Mapper[UUID]):
             plain = aead.decrypt(
                 blob[:12],
                 blob[12:],
-                _aad(
-                    subject, key_id, stored.originator_id, stored.originator_version, stored.topic
-                ),
+                _aad(subject, key_id, originator_id, stored.originator_version, stored.topic),
             )
         except InvalidTag:
             log.warning(
