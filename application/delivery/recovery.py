@@ -193,16 +193,13 @@ class RecoverySweep:
         while position < len(orphaned):
             chunk = orphaned[position : position + self.batch_size]
             position += len(chunk)
-            loaded = self.guarded(self.load, "(batch)", chunk)
+            ids = [UUID(entry.aggregate_id) for entry in chunk]  # parsed once per sweep
+            loaded = self.guarded(self.load, "(batch)", chunk, ids)
             batch = []
-            for entry in chunk:
+            for entry, aggregate_id in zip(chunk, ids, strict=True):
                 # If the batched read failed, each one is read on its own instead.
                 decision = self.guarded(
-                    self.decide,
-                    entry.obligation_id,
-                    entry.owner,
-                    UUID(entry.aggregate_id),
-                    loaded,
+                    self.decide, entry.obligation_id, entry.owner, aggregate_id, loaded
                 )
                 if decision is not None:
                     batch.append(decision)
@@ -221,10 +218,11 @@ class RecoverySweep:
         )
         return result, self.won
 
-    def load(self, _: str, chunk: list[RecoverableEntry]) -> Loaded:
-        """The chunk's aggregates, current as of now, read in one query, each on its own."""
-        viewed = {UUID(e.aggregate_id): e.version for e in chunk}
-        return self.ledger.load_each(list(viewed), viewed)
+    def load(self, _: str, chunk: list[RecoverableEntry], ids: list[UUID]) -> Loaded:
+        """The chunk's aggregates (``ids``, in its order), each on its own: from the events
+        the view has just read when it read all of one's, else read in one query."""
+        viewed = {i: e.version for i, e in zip(ids, chunk, strict=True)}
+        return self.ledger.load_each(ids, viewed)
 
     def guarded(self, step: Callable[..., Any], obligation_id: str, *args: Any) -> Any:
         """One obligation's trouble is logged and counted; what was won is still returned."""
