@@ -237,24 +237,36 @@ def test_both_views_folded_equal_both_views_by_statement(store_location: str) ->
                 sweeper.mark_delivered(item["obligation_id"], receipt=["again"])
         finally:
             sweeper.close()
-        for view in (ledger.recoverable, ledger.obligation_index):
-            for batch_size in (1, 7, 500):
-                shadow, reference = (
-                    view.renamed(f"f_{batch_size}_a"),
-                    view.renamed(f"f_{batch_size}_b"),
-                )
-                reference.runner.folds = False
-                try:
-                    shadow.runner.catch_up(batch_size=batch_size)
-                    reference.runner.catch_up(batch_size=batch_size)
-                    assert shadow.rows() == reference.rows()
-                    assert shadow.rows()  # something to compare
-                finally:
-                    shadow.drop()
-                    reference.drop()
-            assert view.rebuild_and_verify().equal
+        views_folded_equal_views_by_statement(ledger, (1, 7, 500))
     finally:
         ledger.close()
+
+
+def views_folded_equal_views_by_statement(
+    ledger: DeliveryLedger, batch_sizes: tuple[int, ...]
+) -> list[int]:
+    """Each view caught up from nothing, folded, in batches of each size, equals the same
+    view caught up one statement per change, and the view itself equals a rebuild.
+    Returns how many rows each compared pair held."""
+    counts = []
+    for view in (ledger.recoverable, ledger.obligation_index):
+        for batch_size in batch_sizes:
+            shadow, reference = (
+                view.renamed(f"f_{batch_size}_a"),
+                view.renamed(f"f_{batch_size}_b"),
+            )
+            reference.runner.folds = False
+            try:
+                shadow.runner.catch_up(batch_size=batch_size)
+                reference.runner.catch_up(batch_size=batch_size)
+                assert shadow.rows() == reference.rows()
+                assert shadow.rows()  # something to compare
+                counts.append(len(shadow.rows()))
+            finally:
+                shadow.drop()
+                reference.drop()
+        assert view.rebuild_and_verify().equal
+    return counts
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"], indirect=True)
@@ -281,22 +293,8 @@ def test_rows_brought_back_in_a_later_batch_equal_rows_by_statement(store_locati
                 ledger.report_status(oid, "failed_after_acceptance")
             if n % 3 == 0:
                 ledger.mark_attempting(oid)
-        for view in (ledger.recoverable, ledger.obligation_index):
-            for batch_size in (1, 5, 500):
-                shadow, reference = (
-                    view.renamed(f"r_{batch_size}_a"),
-                    view.renamed(f"r_{batch_size}_b"),
-                )
-                reference.runner.folds = False
-                try:
-                    shadow.runner.catch_up(batch_size=batch_size)
-                    reference.runner.catch_up(batch_size=batch_size)
-                    assert shadow.rows() == reference.rows()
-                    assert len(shadow.rows()) == 12  # every one is owed again
-                finally:
-                    shadow.drop()
-                    reference.drop()
-            assert view.rebuild_and_verify().equal
+        counts = views_folded_equal_views_by_statement(ledger, (1, 5, 500))
+        assert counts == [12] * 6  # every one is owed again, in both views
     finally:
         ledger.close()
 
