@@ -35,12 +35,22 @@ def claimed_by_other(location: str, obligation_id: str) -> None:
         finally:
             other.close()
 
-    thread = threading.Thread(target=claim)
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            claim()
+        except BaseException as e:  # handed back to the test's thread
+            failed.append(e)
+
+    thread = threading.Thread(target=run)
     thread.start()
     thread.join()
+    if failed:
+        raise failed[0]
 
 
-def versions(ledger: DeliveryLedger, obligation_id: str) -> list[str]:
+def event_names(ledger: DeliveryLedger, obligation_id: str) -> list[str]:
     stored = ledger.recorder.select_events(ledger.aggregate_id(obligation_id))
     return [s.topic.rsplit(".", 1)[-1] for s in stored]
 
@@ -82,7 +92,7 @@ def test_a_write_from_what_the_view_read_is_fenced_by_the_version(tmp_path: Path
         stale.claim(by=ledger.owner, now=ledger.clock(), policy=ledger.policy)
         with pytest.raises(IntegrityError):
             ledger.store_changes([stale])
-        assert versions(ledger, "orphan-00000") == ["Recorded", "Claimed"]
+        assert event_names(ledger, "orphan-00000") == ["Recorded", "Claimed"]
     finally:
         ledger.close()
 
@@ -110,10 +120,10 @@ def test_a_claim_made_between_the_views_read_and_the_load_is_a_lost_race(tmp_pat
         assert sorted(item["obligation_id"] for item in won) == sorted(set(ids) - {raced})
         assert sweeper.last_sweep.claimed == 5
         assert sweeper.last_sweep.lost_races == 1
-        assert versions(sweeper, raced) == ["Recorded", "Claimed"]
+        assert event_names(sweeper, raced) == ["Recorded", "Claimed"]
         assert sweeper.load(raced).owner == OTHER
         for oid in set(ids) - {raced}:
-            assert versions(sweeper, oid) == ["Recorded", "Claimed"]
+            assert event_names(sweeper, oid) == ["Recorded", "Claimed"]
             assert sweeper.load(oid).owner == sweeper.owner
     finally:
         sweeper.close()

@@ -127,12 +127,13 @@ def load_each(
     ``shared_history``, within ``sharing_parses``) is rebuilt from them, not read again:
     it is the aggregate as of that read, and a write made from it is fenced by its
     version like any other (a later event makes it fail, ADR 0080)."""
-    history: Any = getattr(app.mapper, "shared_history", None) if viewed else None
+    seen = viewed or {}
+    history: Any = getattr(app.mapper, "shared_history", None) if seen else None
     found: dict[UUID, list[StoredEvent]] = {}
     unread: list[UUID] = []
     for aggregate_id in ids:
-        version = viewed.get(aggregate_id) if history is not None and viewed else None
-        kept = history(aggregate_id, version) if version else None
+        version = seen.get(aggregate_id)
+        kept = history(aggregate_id, version) if history is not None and version else None
         if kept is None:
             unread.append(aggregate_id)
         else:
