@@ -175,10 +175,7 @@ class OrjsonTranscoder(Transcoder):
         ``1.0`` and ``true`` differ), before anything inside is decoded. Only a value of
         plain fields is kept: one holding a list or a dict is built each time, so no two
         events share a container."""
-        try:
-            key = (transcoding.name, orjson.dumps(data))
-        except orjson.JSONEncodeError:  # not what a parse gives: built each time
-            return transcoding.decode(self._walk(data))
+        key = (transcoding.name, orjson.dumps(data))  # what orjson parsed, it writes back
         value = self._decoded.get(key)
         if value is None:
             kinds = set(map(type, data.values()))

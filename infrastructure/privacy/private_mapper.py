@@ -261,12 +261,14 @@ class _SealPlan:
 
 
 def _parse_key(stored_event: StoredEvent) -> tuple[Any, int]:
-    """Which event a kept parse is of: a UUID by its integer (hashed in C, a UUID's hash
-    is a Python call), and the version."""
-    originator_id: Any = stored_event.originator_id
-    if type(originator_id) is UUID:
-        originator_id = originator_id.int
-    return originator_id, stored_event.originator_version
+    """Which event a kept parse is of: its aggregate (``_aggregate_key``) and version."""
+    return _aggregate_key(stored_event.originator_id), stored_event.originator_version
+
+
+def _aggregate_key(originator_id: Any) -> Any:
+    """An aggregate in the kept parses' keys: a UUID by its integer (hashed in C, a UUID's
+    hash is a Python call)."""
+    return originator_id.int if type(originator_id) is UUID else originator_id
 
 
 @attrs.frozen
@@ -582,7 +584,7 @@ class PrivateMapper(Mapper[UUID]):
         shared = _SHARED.get()
         if not shared:
             return None
-        key = originator_id.int
+        key = _aggregate_key(originator_id)
         found: list[StoredEvent] = []
         for v in range(1, version + 1):
             left = shared.get((key, v))
