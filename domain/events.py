@@ -27,11 +27,16 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from eventsourcing.domain import DomainEvent
+from eventsourcing.domain import Aggregate, DomainEvent
 
 from gateway_ledger.domain.topics import stored_classes
 
 T = TypeVar("T", bound=type)
+
+FIRST_VERSION: int = Aggregate.INITIAL_VERSION
+"""The version of every aggregate's first event: the library's, which no aggregate here
+overrides (``tests/test_event_init.py`` pins it). Readers that tell an aggregate's first
+event from the others (a view's fold, a sweep's shared reads) ask this, not a literal."""
 
 
 def fields_set_once(aggregate: T) -> T:

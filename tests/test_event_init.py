@@ -6,17 +6,19 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from eventsourcing.domain import DomainEvent
 
 from gateway_ledger.domain.delivery.obligation import DeliveryObligation
-from gateway_ledger.domain.events import plain_initialiser
+from gateway_ledger.domain.events import FIRST_VERSION, plain_initialiser
 from gateway_ledger.domain.privacy.erasure import Erasure
 from gateway_ledger.domain.sessions.route import InboundMessage, SessionKeying, SessionRoute
 from gateway_ledger.domain.sessions.session import Session
 from gateway_ledger.domain.topics import STORED_AGGREGATES, stored_classes
+from gateway_ledger.domain.values import DeliveryTarget, OwnerIdentity
 
 AGGREGATES = (DeliveryObligation, Session, SessionRoute, SessionKeying, InboundMessage, Erasure)
 EVENT_CLASSES = [
@@ -126,3 +128,22 @@ def test_fields_named_like_the_initialisers_own_names() -> None:
     plain = Odd.__new__(Odd)
     initialiser(plain, 2)
     assert vars(plain) == {"self": 2, "state": "s"}
+
+
+@pytest.mark.parametrize("aggregate", AGGREGATES, ids=lambda a: a.__name__)
+def test_every_aggregate_begins_at_the_first_version(aggregate: type) -> None:
+    """Readers tell an aggregate's first event by ``FIRST_VERSION`` (a view's fold, a
+    sweep's shared reads, ADRs 0080 and 0081): no aggregate begins anywhere else."""
+    assert aggregate.INITIAL_VERSION == FIRST_VERSION  # type: ignore[attr-defined]
+
+
+def test_a_new_obligation_is_at_the_first_version() -> None:
+    obligation = DeliveryObligation.record(
+        obligation_id="first-version",
+        session_key="agent:main:telegram:dm:1",
+        target=DeliveryTarget(platform="telegram", chat_id="1"),
+        content="hello",
+        owner=OwnerIdentity(host="h", boot_id="b", pid=1),
+        now=datetime(2026, 12, 7, tzinfo=UTC),
+    )
+    assert [e.originator_version for e in obligation.collect_events()] == [FIRST_VERSION]

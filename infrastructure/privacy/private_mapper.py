@@ -47,6 +47,7 @@ from eventsourcing.utils import TopicError, get_topic, resolve_topic
 from gateway_ledger.application.observability.causes import META
 from gateway_ledger.application.privacy.policy import PrivacyPolicy, SealedEvent
 from gateway_ledger.domain.errors import UndecodableEvent
+from gateway_ledger.domain.events import FIRST_VERSION
 from gateway_ledger.domain.values import QuarantineReason
 from gateway_ledger.infrastructure.privacy.keyring import KeyRing, WriteKeys
 from gateway_ledger.infrastructure.randomness import shared_pool
@@ -578,15 +579,16 @@ class PrivateMapper(Mapper[UUID]):
 
     @staticmethod
     def shared_history(originator_id: UUID, version: int) -> list[StoredEvent] | None:
-        """Within ``sharing_parses``: the aggregate's stored events, versions 1 to
-        ``version``, as the sealed reads that left their parses read them; None unless
-        every one of them was left (the reader then reads them from the store)."""
+        """Within ``sharing_parses``: the aggregate's stored events, from its first version
+        (``FIRST_VERSION``) to ``version``, as the sealed reads that left their parses read
+        them; None unless every one of them was left (the reader then reads them from the
+        store)."""
         shared = _SHARED.get()
         if not shared:
             return None
         key = _aggregate_key(originator_id)
         found: list[StoredEvent] = []
-        for v in range(1, version + 1):
+        for v in range(FIRST_VERSION, version + 1):
             left = shared.get((key, v))
             if left is None:
                 return None

@@ -37,6 +37,7 @@ from eventsourcing.persistence import IntegrityError, Notification, Recording, S
 from eventsourcing.utils import get_topic
 
 from gateway_ledger.domain.errors import LedgerError
+from gateway_ledger.domain.events import FIRST_VERSION
 from gateway_ledger.infrastructure.eventstore.bulk_events import decode_each
 from gateway_ledger.infrastructure.eventstore.sql_dialect import Cursor, SqlDialect, dialect_for
 from gateway_ledger.infrastructure.eventstore.store import is_read_only
@@ -303,7 +304,11 @@ class ProjectionRunner:
             # aggregates it begins (their first event is in it), so only those are asked
             # for: a batch that begins none (a sweep's claims) asks nothing (fold.py).
             keys = (
-                {_key_of(e) for nid, e in events if nid > current and e.originator_version == 1}
+                {
+                    _key_of(e)
+                    for nid, e in events
+                    if nid > current and e.originator_version == FIRST_VERSION
+                }
                 if fold
                 else None
             )
