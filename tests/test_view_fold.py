@@ -72,6 +72,18 @@ def record(ledger: DeliveryLedger, oid: str, platform: str = "telegram", *, chat
     )
 
 
+def attempting(
+    ledger: DeliveryLedger, prefix: str, count: int, platform: str, *, chats: int
+) -> Iterator[tuple[int, str]]:
+    """``count`` replies over ``chats`` chats, each recorded and its send started; yields
+    each one's number and id, for the test to carry its history on."""
+    for n in range(count):
+        oid = f"{prefix}-{n}"
+        record(ledger, oid, platform, chat=n % chats)
+        ledger.mark_attempting(oid)
+        yield n, oid
+
+
 small = st.integers(min_value=-3, max_value=3)
 bit = st.sampled_from([0, 1, None])
 text = st.sampled_from(["x", "y", ""])
@@ -178,10 +190,7 @@ def test_a_refused_folded_write_is_redone_unfolded_and_blames_its_event(tmp_path
         columns = index.columns.replace("send_attempts INTEGER NOT NULL", checked)
         with dialect.write_transaction() as c:  # made before the view makes it
             c.execute(f"CREATE TABLE {index.table} ({columns})")
-        for n in range(3):
-            oid = f"fold-{n}"
-            record(ledger, oid, "telegram", chat=n)
-            ledger.mark_attempting(oid)
+        for n, oid in attempting(ledger, "fold", 3, "telegram", chats=3):
             if n == 1:  # a second send: the index may not hold two (its CHECK)
                 ledger.mark_failed(oid, "timeout", classification="ambiguous")
                 ledger.mark_attempting(oid)
@@ -277,10 +286,7 @@ def test_rows_brought_back_in_a_later_batch_equal_rows_by_statement(store_locati
     replay one statement per change."""
     ledger = DeliveryLedger.open(store_location)
     try:
-        for n in range(12):
-            oid = f"b-{n}"
-            record(ledger, oid, "telegram", chat=n % 3)
-            ledger.mark_attempting(oid)
+        for n, oid in attempting(ledger, "b", 12, "telegram", chats=3):
             if n % 2:
                 ledger.abandon(oid, reason="operator", detail="stuck in a test")
             else:
@@ -305,10 +311,7 @@ def test_views_caught_up_together_equal_views_caught_up_alone(store_location: st
     view ahead of the other), applies to each exactly what it alone would."""
     ledger = DeliveryLedger.open(store_location)
     try:
-        for n in range(30):
-            oid = f"t-{n}"
-            record(ledger, oid, "slack", chat=n % 4)
-            ledger.mark_attempting(oid)
+        for n, oid in attempting(ledger, "t", 30, "slack", chats=4):
             if n % 2:
                 ledger.mark_delivered(oid, receipt=["r"])
             if n == 12:  # the index goes ahead of the recoverable view
