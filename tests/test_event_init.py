@@ -1,5 +1,6 @@
 """Every event class's ``__init__`` (domain/events.py) is the frozen dataclass's, done with
-one store per field: the same signature, the same instance, still frozen."""
+one store per field: the same signature, the same instance, still frozen. And every
+aggregate begins at ``FIRST_VERSION``, which readers take as an aggregate's first event."""
 
 from __future__ import annotations
 
