@@ -286,13 +286,14 @@ def test_rows_brought_back_in_a_later_batch_equal_rows_by_statement(store_locati
     replay one statement per change."""
     ledger = DeliveryLedger.open(store_location)
     try:
+        ids = []
         for n, oid in attempting(ledger, "b", 12, "telegram", chats=3):
+            ids.append(oid)
             if n % 2:
                 ledger.abandon(oid, reason="operator", detail="stuck in a test")
             else:
                 ledger.mark_delivered(oid, receipt=["r"])
-        for n in range(12):
-            oid = f"b-{n}"
+        for n, oid in enumerate(ids):
             if n % 2:
                 retry_dead_letter(ledger, oid, "ops")
             else:
