@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from uuid import UUID
 
 import attrs
+from eventsourcing.persistence import Recording
 
 from gateway_ledger.domain.values import QuarantineReason
 from gateway_ledger.projections.rows import RowChange
@@ -132,7 +133,7 @@ class MaterializedView(ABC):
     ) -> int:
         """Apply the notifications after the tracked position; how many were applied."""
 
-    def follow(self, written: Sequence[Any]) -> int:
+    def follow(self, written: Sequence[Recording[Any]]) -> int:
         """Reflect events this process has just written (the library's ``Recording``s:
         each event with its notification), and anything before them; how many applied.
         A view that can take them from memory does (no read back, no decode); this one

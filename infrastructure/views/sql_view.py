@@ -17,6 +17,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, ClassVar
 
 from eventsourcing.application import Application
+from eventsourcing.persistence import Recording
 
 from gateway_ledger.infrastructure.eventstore.sql_dialect import Cursor, SqlDialect
 from gateway_ledger.infrastructure.privacy.private_mapper import Undecodable
@@ -105,7 +106,7 @@ class SqlView(MaterializedView):
     ) -> int:
         return self.runner.catch_up(batch_size=batch_size, max_batches=max_batches)
 
-    def follow(self, written: Sequence[Any]) -> int:
+    def follow(self, written: Sequence[Recording[Any]]) -> int:
         applied = self.runner.follow(written)
         return self.catch_up() if applied is None else applied
 
