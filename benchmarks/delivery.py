@@ -42,7 +42,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from reference import CpuMeter, cpu_seconds
+from reference import CpuMeter, cpu_seconds, machine
 
 from gateway_ledger.application.delivery.ports import AdapterBase, Reply, ReplyContext, SendResult
 from gateway_ledger.bootstrap import DeliveryLedger, Gateway
@@ -293,6 +293,7 @@ def main() -> None:
         (f"(b) {CONCURRENCY} concurrent conversations", CONCURRENCY, 640),
     )
     store = "PostgreSQL" if args.postgres else "SQLite WAL, synchronous=FULL"
+    print(f"machine: {machine()}")
     print(
         "record -> attempting -> delivered lifecycles/s; baseline SQLite WAL,"
         f" synchronous=FULL; ours {store};"

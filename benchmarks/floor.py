@@ -59,7 +59,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from delivery import CONCURRENCY, Ours, work
-from reference import CpuMeter, cpu_seconds
+from reference import CpuMeter, cpu_seconds, machine
 
 from gateway_ledger import DeliveryLedger, compute_obligation_id
 
@@ -253,6 +253,7 @@ def main() -> None:
         ours, base = commits(Path(tmp), args.replies)
     us = 1e6
     budget = base - ours - trip
+    print(f"machine: {machine()}")
     print(f"thread round trip (loop -> writer -> loop, no work): {trip * us:.0f} µs")
     print(f"raw commits per reply: ours (1 commit, 3 events) {ours * us:.0f} µs,")
     print(f"                       baseline (3 commits)      {base * us:.0f} µs")

@@ -30,7 +30,7 @@ import uuid
 from pathlib import Path
 
 from privacy import drop
-from reference import CpuMeter, cpu_seconds
+from reference import CpuMeter, cpu_seconds, machine
 from sweep import PG_BASE_URL, dead_owner, orphan, timed, write_history
 
 from gateway_ledger.bootstrap import DeliveryLedger
@@ -147,6 +147,7 @@ def main() -> None:
     if args.backend == "postgres":
         drop(location)
     (alone, _), (followed, lag) = results[False], results[True]
+    print(f"machine: {machine()}")
     print(
         f"{args.backend}: sweep of {ORPHANS} orphans after {args.between:,} replies"
         f" ({3 * args.between:,} events) from other hosts, median of {args.rounds} rounds"

@@ -39,6 +39,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from reference import machine
+
 SHAPES = {"(a) one conversation": 1, "(b) 64 conversations": 64}
 SIZES = {1: (64, 448), 64: (128, 1152)}  # lifecycles of the short and the long run
 QUICK_SIZES = {1: (32, 160), 64: (64, 448)}
@@ -118,6 +120,7 @@ def main() -> None:
         raise SystemExit("valgrind is not installed: this benchmark counts with callgrind")
     sizes = QUICK_SIZES if args.quick else SIZES
     store = "PostgreSQL (this process only, not the server)" if args.postgres else "SQLite"
+    print(f"machine: {machine()}")
     print(
         f"user-space instructions per lifecycle (callgrind), encryption on, ours on {store};"
         f" Python {platform.python_version()}, {platform.machine()}"

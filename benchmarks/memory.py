@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from delivery import CONCURRENCY, Ours, drop_schema, our_location
-from reference import CpuMeter, cpu_seconds, current_rss_mib, peak_rss_mib
+from reference import CpuMeter, cpu_seconds, current_rss_mib, machine, peak_rss_mib
 
 STEP = 10_000
 
@@ -66,6 +66,7 @@ def main() -> None:
     meter.close()
     base = rows[0]
     store = "PostgreSQL" if args.postgres else "SQLite"
+    print(f"machine: {machine()}")
     print(
         f"Gateway.deliver, {CONCURRENCY} concurrent conversations, encryption on, {store};"
         f" resident set after each {STEP:,} delivered (flushed, after a gc.collect())"

@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from reference import CpuMeter, cpu_seconds
+from reference import CpuMeter, cpu_seconds, machine
 
 from gateway_ledger.application.delivery.ports import AdapterBase, Reply, ReplyContext, SendResult
 from gateway_ledger.bootstrap import DeliveryLedger, Gateway
@@ -217,6 +217,7 @@ def main() -> None:
                 rows.append((backend, writers, measure(backend, writers, sizes, Path(tmp))))
                 print(f"measured {backend} x{writers}", file=sys.stderr)
     base = rows[0][2]
+    print(f"machine: {machine()}")
     print(
         "| store | writers | ledger lifecycles/s | ratio | gateway lifecycles/s | ratio "
         "| claims/s | ratio | CPU per lifecycle: ledger, gateway |"

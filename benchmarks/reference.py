@@ -20,12 +20,46 @@ machine's other work), and again at the end of a run, so a drift shows.
 
 from __future__ import annotations
 
+import os
+import platform
 import resource
+import sqlite3
 import time
 from dataclasses import dataclass, field
 
 ROUNDS = 7
 REPEAT = 50  # one unit = one call of ``_workload``; a round times REPEAT of them
+
+
+def _first_line(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.readline().strip()
+    except OSError:
+        return ""
+
+
+def machine() -> str:
+    """What a figure needs beside it to be compared with another (ADR 0069): the CPU model
+    and count, how the guest idles a vCPU (a halted one is slow to wake, and our side wakes
+    a thread twice per reply at (a)), and Python's and SQLite's versions."""
+    model = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    idle = _first_line("/sys/devices/system/cpu/cpuidle/current_driver") or "unknown"
+    poll = _first_line("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
+    if poll:
+        idle += f", guest_halt_poll_ns={poll}"
+    return (
+        f"{model} x {os.cpu_count()}, cpuidle {idle};"
+        f" Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}"
+    )
 
 
 def cpu_seconds() -> float:
@@ -140,6 +174,7 @@ class CpuMeter:
 
 def main() -> None:
     units = [reference_unit() for _ in range(5)]
+    print(f"machine: {machine()}")
     print(
         "reference unit: "
         + ", ".join(f"{1e6 * u:.1f}" for u in units)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from reference import CpuMeter, cpu_seconds
+from reference import CpuMeter, cpu_seconds, machine
 
 from gateway_ledger.bootstrap import SessionStore
 from gateway_ledger.domain.sessions.route import SessionRoute
@@ -159,6 +159,7 @@ def main() -> None:
     ]
     meter.close()
     store_kind = "PostgreSQL" if args.location else "SQLite"
+    print(f"machine: {machine()}")
     print(f"sessions benchmark ({store_kind}, median of {ops} operations)")
     print("| operation | baseline | ms | large store | ms | ratio | CPU per operation |")
     print("| --- | --- | ---: | --- | ---: | ---: | ---: |")

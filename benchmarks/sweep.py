@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from reference import CpuMeter, cpu_seconds
+from reference import CpuMeter, cpu_seconds, machine
 
 from gateway_ledger.bootstrap import DeliveryLedger
 from gateway_ledger.domain.values import OwnerIdentity
@@ -214,6 +214,7 @@ def main() -> None:
     lines = []
     for backend in backends:
         lines += run(backend, delivered, args.orphans, rounds)
+    print(f"machine: {machine()}")
     print("| store | operation | baseline | ms | large store | ms | ratio |")
     print("| --- | --- | --- | ---: | --- | ---: | ---: |")
     for line in lines:

@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from delivery import MutableRowLedger, work
-from reference import CpuMeter, cpu_seconds
+from reference import CpuMeter, cpu_seconds, machine
 
 from gateway_ledger.bootstrap import DeliveryLedger
 from gateway_ledger.domain.delivery.obligation import compute_obligation_id
@@ -126,6 +126,7 @@ def main() -> None:
     turns = sorted(b / o for b, o in zip(times["base"], times["ours"], strict=True))
     q = len(turns) // 4
     ratio = rate["ours"] / rate["base"]
+    print(f"machine: {machine()}")
     print(
         "record -> attempting -> delivered, one lifecycle at a time, synchronous API;"
         f" SQLite WAL, synchronous=FULL on every side, in {tmp.parent};"

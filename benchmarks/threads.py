@@ -59,7 +59,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from delivery import CONCURRENCY, Ours, drop_schema, our_location
-from reference import CpuMeter
+from reference import CpuMeter, machine
 
 
 def thread_cpu_ns() -> dict[str, int]:
@@ -226,6 +226,7 @@ def main() -> None:
     meter.close()
     store = "PostgreSQL" if args.postgres else "SQLite"
     frozen = ", gc.freeze() after the warm-up" if args.freeze_gc else ""
+    print(f"machine: {machine()}")
     print(
         f"per lifecycle, Gateway.deliver, encryption on, {store}{frozen}"
         " (thread CPU from schedstat)"

@@ -46,11 +46,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-turn-") as tmp:
         sessions, delivery, unit = asyncio.run(measure(Path(tmp), turns, rounds, args.postgres))
     from delivery import CONCURRENCY
+    from reference import machine
 
     import gateway_ledger
 
     code = Path(gateway_ledger.__file__).resolve().parent.parent
     store = "PostgreSQL" if args.postgres else "SQLite"
+    print(f"machine: {machine()}")
     print(f"a turn's CPU, {CONCURRENCY} conversations, {store}, encryption on ({code}):")
     print(f"  the sessions' part (resolve, append, append): {sessions:.2f} u")
     print(f"  the reply's delivery (Gateway.deliver):       {delivery:.2f} u")
