@@ -16,14 +16,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from uuid import UUID
 
 import attrs
-from eventsourcing.persistence import Recording
 
 from gateway_ledger.domain.values import QuarantineReason
 from gateway_ledger.projections.rows import RowChange
+
+if TYPE_CHECKING:  # a type only: the projections do not load the library's persistence
+    from eventsourcing.persistence import Recording
 
 DEFAULT_BATCH_SIZE = 500
 """Notifications read, decoded and applied per transaction."""
