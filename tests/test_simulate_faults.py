@@ -22,11 +22,14 @@ from gateway_ledger import DeliveryLedger
 from gateway_ledger.bootstrap import forget_session
 from gateway_ledger.entrypoints.simulation.faults import (
     Forgotten,
+    poison_candidates,
     recorded_after_erasure,
     taken_after_erasure,
 )
+from gateway_ledger.entrypoints.simulation.order import part_key
 from gateway_ledger.entrypoints.simulation.platform import Received
 from gateway_ledger.entrypoints.simulation.report import FaultReport, Report
+from gateway_ledger.entrypoints.simulation.workload import Turn
 
 SCRIPT = str(Path(sys.executable).parent / "gateway-ledger")
 
@@ -148,6 +151,42 @@ def test_the_judgment_tells_a_fresh_key_period_from_a_reply_the_erasure_covered(
         assert taken_after_erasure(claimer, ledger.history("before"), covered)
     finally:
         ledger.close()
+
+
+def test_the_poison_hits_only_replies_whose_every_part_reached_the_user() -> None:
+    """A CI run (SQLite, seed 4) counted a reply lost: the poison had hit an obligation
+    with a ``Delivered`` event whose second part the platform took and then dropped. The
+    status report of the drop had reopened it, a re-send was owed, and a quarantined
+    obligation is never sent. Such a reply, or one with any part not on its platform, is
+    no candidate; nor is a forgotten conversation's, nor an obligation of no turn."""
+
+    def turn(conversation: int, parts: tuple[str, ...]) -> Turn:
+        return Turn(
+            conversation=conversation,
+            index=0,
+            session_key=f"agent:main:whatsapp:dm:{conversation}",
+            platform="whatsapp",
+            chat_id=str(conversation),
+            inbound_id=f"in-{conversation}",
+            content=" ".join(parts),
+            parts=parts,
+            media=(),
+            think=0.0,
+        )
+
+    turns = {
+        "whole": turn(1, ("first", "second")),
+        "dropped": turn(2, ("first", "second")),  # its second part: taken, then dropped
+        "forgotten": turn(3, ("only",)),
+    }
+    copies: dict[tuple[str, str, str], list[Received]] = {}
+    arrived = [(1, "first"), (1, "second"), (2, "first"), (3, "only")]
+    for seq, (conversation, text) in enumerate(arrived):
+        msg = Received(seq, str(conversation), None, f"in-{conversation}", text, None, None)
+        copies.setdefault(part_key(msg), []).append(msg)
+    delivered = ["whole", "dropped", "forgotten", "not-a-turn"]
+    assert poison_candidates(delivered, turns, {3}, copies) == ["whole"]
+    assert poison_candidates(delivered, turns, (), copies) == ["forgotten", "whole"]
 
 
 def test_a_failed_run_names_the_judgments_it_failed_first_in_its_report() -> None:

@@ -4,8 +4,9 @@
   ledger's back, as a disk or a newer gateway would: one byte of one stored event of an
   already-delivered obligation is flipped (the event no longer decodes), and another
   delivered obligation gets an event whose type this version does not know, at its next
-  version. Both replies reached their users before; they must not be sent again, and
-  every other reply must still be recovered.
+  version. Both replies reached their users before (every part of each is on its platform
+  when the poison lands: ``poison_candidates``); they must not be sent again, and every
+  other reply must still be recovered.
 - **forget**: sessions are erased (the public ``forget_session``) while replies of theirs
   are in flight: a killed gateway's orphans, a turn being answered. No platform may then
   receive an erased placeholder, nor a reply taken from the store after the erasure.
@@ -358,6 +359,32 @@ PAUSE_LIMIT = DEAD_AFTER + 6.0
 _PAUSE_TRIES = 60
 
 
+Copies = dict[tuple[str, str, str], list[Received]]
+"""Every message the platforms received, by the part it is (``order.part_key``)."""
+
+
+def poison_candidates(
+    delivered: Iterable[str], turns: dict[str, Turn], forgotten: Iterable[int], copies: Copies
+) -> list[str]:
+    """The obligations the poison may hit: delivered, of a conversation not forgotten, and
+    with every part of the reply on its platform now.
+
+    A ``Delivered`` event alone does not say that: a part the platform took and then
+    dropped (``failed_after_acceptance``) is reported after it, reopens the obligation and
+    owes a re-send (ADR 0050). Poisoned then, the reply could never be re-sent (nothing
+    unreadable is sent), and the run would count it lost to the fault it planted. A
+    dropped message is never journalled as received, so a reply whose parts all are has
+    nothing owed, now or later."""
+    gone = set(forgotten)
+    return sorted(
+        oid
+        for oid in delivered
+        if (turn := turns.get(oid)) is not None
+        and turn.conversation not in gone
+        and all(copies.get((turn.inbound_id, kind, ident)) for kind, ident in turn.expected_parts)
+    )
+
+
 def tally(parts: Parts) -> tuple[bool, bool, int]:
     """(a part is missing, a copy carries the duplicate marker, unlabelled extra copies)."""
     notice = DUPLICATE_NOTICE
@@ -380,7 +407,7 @@ class SimulationRun(Protocol):
 
     def oid(self, turn: Turn) -> str: ...
 
-    def journals(self) -> dict[tuple[str, str, str], list[Received]]: ...
+    def journals(self) -> Copies: ...
 
     def spawn(self, role: str, index: int) -> subprocess.Popen[bytes]: ...
 
@@ -546,17 +573,13 @@ class FaultPlan:
     def _poison(self, when: str) -> bool:
         recorder: Any = self.ledger.recorder  # the SQLite recorder: the simulation runs on SQLite
         table = EventTable(self.sim.db, recorder.events_table_name)
-        candidates = [
-            self._by_uuid[str(u)]
-            for u in table.delivered()
-            if str(u) in self._by_uuid
-            and self._by_oid[self._by_uuid[str(u)]].conversation not in self.forgotten
-        ]
+        copies = self.sim.journals()
+        delivered = (self._by_uuid[str(u)] for u in table.delivered() if str(u) in self._by_uuid)
+        candidates = poison_candidates(delivered, self._by_oid, self.forgotten, copies)
         if len(candidates) < 2:
             return False  # too early: try at the next moment
         rng = self.sim.rng
-        flipped, unknown = rng.sample(sorted(candidates), 2)
-        copies = self.sim.journals()
+        flipped, unknown = rng.sample(candidates, 2)
         for oid, how in ((flipped, "flipped_byte"), (unknown, "unknown_event")):
             turn = self._by_oid[oid]
             before = sum(
