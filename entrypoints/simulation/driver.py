@@ -23,7 +23,13 @@ from typing import Any
 from gateway_ledger.bootstrap import DeliveryLedger
 from gateway_ledger.domain.delivery.obligation import compute_obligation_id
 from gateway_ledger.domain.errors import NotFound
-from gateway_ledger.entrypoints.simulation.faults import LEASE_ENV, FaultPlan, tally
+from gateway_ledger.entrypoints.simulation.faults import (
+    LEASE_ENV,
+    Copies,
+    FaultPlan,
+    parts_of,
+    tally,
+)
 from gateway_ledger.entrypoints.simulation.limits import read_enforcement
 from gateway_ledger.entrypoints.simulation.order import (
     OrderTally,
@@ -32,7 +38,6 @@ from gateway_ledger.entrypoints.simulation.order import (
     read_arrivals,
 )
 from gateway_ledger.entrypoints.simulation.platform import (
-    Received,
     count_deduplicated,
     read_journal,
     read_reconcile_requests,
@@ -266,9 +271,9 @@ class Simulation:
     def oid(turn: Turn) -> str:
         return compute_obligation_id(turn.session_key, turn.inbound_id, turn.content)
 
-    def journals(self) -> dict[tuple[str, str, str], list[Received]]:
+    def journals(self) -> Copies:
         """Every message the platforms received, by (reply_to, kind, identity) of its part."""
-        copies: dict[tuple[str, str, str], list[Received]] = {}
+        copies: Copies = {}
         for platform in self.platforms:
             journal = self.run_dir / f"{platform}.db"
             for msg in read_journal(journal):
@@ -277,7 +282,7 @@ class Simulation:
 
     def _count(self) -> None:
         r = self.report
-        copies: dict[tuple[str, str, str], list[Received]] = {}
+        copies: Copies = {}
         asked: Counter[tuple[str, int]] = Counter()
         for platform in self.platforms:
             journal = self.run_dir / f"{platform}.db"
@@ -303,10 +308,7 @@ class Simulation:
             if self.faults is not None:
                 self.faults.read_quarantine(ledger)
             for turn in self.turns:
-                got_by_part = [
-                    copies.get((turn.inbound_id, kind, ident), [])
-                    for kind, ident in turn.expected_parts
-                ]
+                got_by_part = parts_of(turn, copies)
                 try:
                     status = ledger.get(self.oid(turn))
                     history = ledger.history(self.oid(turn))

@@ -363,6 +363,11 @@ Copies = dict[tuple[str, str, str], list[Received]]
 """Every message the platforms received, by the part it is (``order.part_key``)."""
 
 
+def parts_of(turn: Turn, copies: Copies) -> list[list[Received]]:
+    """The copies of each part of a turn's reply that its platform received, in send order."""
+    return [copies.get((turn.inbound_id, kind, ident), []) for kind, ident in turn.expected_parts]
+
+
 def poison_candidates(
     delivered: Iterable[str], turns: dict[str, Turn], forgotten: Iterable[int], copies: Copies
 ) -> list[str]:
@@ -381,7 +386,7 @@ def poison_candidates(
         for oid in delivered
         if (turn := turns.get(oid)) is not None
         and turn.conversation not in gone
-        and all(copies.get((turn.inbound_id, kind, ident)) for kind, ident in turn.expected_parts)
+        and all(parts_of(turn, copies))
     )
 
 
@@ -582,10 +587,7 @@ class FaultPlan:
         flipped, unknown = rng.sample(candidates, 2)
         for oid, how in ((flipped, "flipped_byte"), (unknown, "unknown_event")):
             turn = self._by_oid[oid]
-            before = sum(
-                len(copies.get((turn.inbound_id, kind, ident), []))
-                for kind, ident in turn.expected_parts
-            )
+            before = sum(len(got) for got in parts_of(turn, copies))
             if how == "flipped_byte":
                 version, topic = table.flip_byte(obligation_uuid(oid), rng)
             else:
@@ -793,10 +795,7 @@ class FaultPlan:
         f.erased_abandoned = r.abandoned.get("erased", 0)
         for oid, poison in self.poisoned.items():
             turn = self._by_oid[oid]
-            now = sum(
-                len(copies.get((turn.inbound_id, kind, ident), []))
-                for kind, ident in turn.expected_parts
-            )
+            now = sum(len(got) for got in parts_of(turn, copies))
             f.poisoned_resent += now - poison.copies_before
         f.poisoned = len(self.poisoned)
         f.poisoned_ids = sorted(self.poisoned)
