@@ -578,8 +578,10 @@ class FaultPlan:
     def _poison(self, when: str) -> bool:
         recorder: Any = self.ledger.recorder  # the SQLite recorder: the simulation runs on SQLite
         table = EventTable(self.sim.db, recorder.events_table_name)
+        delivered = [self._by_uuid[str(u)] for u in table.delivered() if str(u) in self._by_uuid]
+        if len(delivered) < 2:
+            return False  # too early (retried every tick): the journals are not read for it
         copies = self.sim.journals()
-        delivered = (self._by_uuid[str(u)] for u in table.delivered() if str(u) in self._by_uuid)
         candidates = poison_candidates(delivered, self._by_oid, self.forgotten, copies)
         if len(candidates) < 2:
             return False  # too early: try at the next moment
