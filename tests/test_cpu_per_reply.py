@@ -25,6 +25,8 @@ import attrs
 import orjson
 import pytest
 from eventsourcing.persistence import IntegrityError, StoredEvent
+from hypothesis import given
+from hypothesis import strategies as st
 from psycopg import sql
 
 from gateway_ledger.bootstrap import DeliveryLedger
@@ -32,7 +34,7 @@ from gateway_ledger.domain.errors import SessionErased
 from gateway_ledger.domain.values import OwnerIdentity
 from gateway_ledger.infrastructure.eventstore.transcoder import AttrsTranscoding, OrjsonTranscoder
 from gateway_ledger.infrastructure.privacy import private_mapper
-from gateway_ledger.infrastructure.privacy.keyring import WriteKeys
+from gateway_ledger.infrastructure.privacy.keyring import KeyedDigest, WriteKeys
 
 
 def test_postgres_write_statements_are_rendered_once_and_events_read_back(pg_url: str) -> None:
@@ -117,6 +119,12 @@ def test_keyed_names_are_hmac_sha256_of_the_value(tmp_path: object) -> None:
         assert keyring.keyed_name("x") == keyring.keyed_name("x") != name
     finally:
         ledger.close()
+
+
+@given(key=st.binary(max_size=200), value=st.text(max_size=300))
+def test_the_keyed_digest_is_hmac_sha256(key: bytes, value: str) -> None:
+    expected = hmac.new(key, value.encode("utf-8"), "sha256").hexdigest()
+    assert KeyedDigest(key).hexdigest(value) == expected
 
 
 def test_the_mapper_remembers_a_bounded_number_of_subjects() -> None:

@@ -16,6 +16,7 @@ succeeded (ADR 0017).
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import logging
 import math
@@ -101,6 +102,34 @@ def cache_ttl_from_env() -> float:
     return ttl
 
 
+
+class KeyedDigest:
+    """HMAC-SHA256 under one key (RFC 2104), from the hash states after the padded key,
+    taken once: each digest copies them. The same output as ``hmac.new(key, value,
+    "sha256")``; each call costs two hash copies instead of ``hmac.HMAC``'s Python-level
+    copy, update and hexdigest, once per reply (the inbound cause). It hashes with the
+    GIL held, as ``hashlib`` does for short input: ``hmac.digest`` releases it on every
+    call, and a thread waiting on the GIL then holds the event loop up for a whole switch
+    interval."""
+
+    __slots__ = ("_inner", "_outer")
+
+    def __init__(self, key: bytes) -> None:
+        block = hashlib.sha256().block_size
+        if len(key) > block:
+            key = hashlib.sha256(key).digest()
+        key = key.ljust(block, b"\0")
+        self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in key))
+        self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in key))
+
+    def hexdigest(self, value: str) -> str:
+        inner = self._inner.copy()
+        inner.update(value.encode("utf-8"))
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return outer.hexdigest()
+
+
 class KeyRing:
     """Finds, creates and destroys subject data keys in one store's key table."""
 
@@ -130,10 +159,7 @@ class KeyRing:
         self._init_lock = threading.Lock()
         self._wrap: AESGCM | None = None
         self._name_key = b""
-        # The keyed digest's HMAC state after the key, copied per name: hashes with the
-        # GIL held (``hmac.digest`` releases it on every call, and a thread waiting on
-        # the GIL then holds the event loop up for a whole switch interval).
-        self._name_hmac: hmac.HMAC | None = None
+        self._name_hmac: KeyedDigest | None = None
         self._master_for_derivation: bytes | None = None
         self._names: dict[str, str] = {}  # session key -> subject id (pure function, cached)
         self._on_evict: list[Callable[[str], object]] = []
@@ -190,7 +216,7 @@ class KeyRing:
                 )
             self._wrap = AESGCM(derive(master, "gateway-ledger/wrap-data-keys/v1"))
             self._name_key = derive(master, "gateway-ledger/subject-id/v1")
-            self._name_hmac = hmac.new(self._name_key, digestmod="sha256")
+            self._name_hmac = KeyedDigest(self._name_key)
             self._master_for_derivation = master
             self._table = table
 
@@ -228,9 +254,7 @@ class KeyRing:
         named = self._name_hmac
         if named is None:  # pragma: no cover - set with the key by ``_setup``
             return hmac.digest(self._name_key, value.encode("utf-8"), "sha256").hex()[:32]
-        h = named.copy()
-        h.update(value.encode("utf-8"))
-        return h.hexdigest()[:32]
+        return named.hexdigest(value)[:32]
 
     def sealing_key(
         self, subject_id: str, write: WriteKeys | None = None, made_at: datetime | None = None
