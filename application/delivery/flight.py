@@ -343,7 +343,8 @@ class Courier:
             place = None if known else self.pacer.enter(oid, agg.target, agg.recorded_at)
             waits = place is not None and self.pacer.would_wait(place, agg.target)
             if adapter is not None and not waits:
-                agg.start_attempt(by=self.owner, now=self._now(), guard=guard)
+                # The same instant as the record: both are decided here, in one commit.
+                agg.start_attempt(by=self.owner, now=agg.recorded_at, guard=guard)
         except LedgerError as e:
             # Refused input is a ledger fault toward the gateway: the reply still goes out.
             if place is not None:
