@@ -102,7 +102,6 @@ def cache_ttl_from_env() -> float:
     return ttl
 
 
-
 class KeyedDigest:
     """HMAC-SHA256 under one key (RFC 2104), from the hash states after the padded key,
     taken once: each digest copies them. The same output as ``hmac.new(key, value,
