@@ -153,6 +153,7 @@ class InlineWriter:
         label: str = "",
         after: Any = None,
         on_error: Callable[[BaseException], object] | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> tuple[Done, asyncio.Future[None]]:
         error = self._save(events, label)
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -169,6 +170,7 @@ class InlineWriter:
         label: str = "",
         after: Any = None,
         on_error: Callable[[BaseException], object] | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> Done:
         error = self._save(events, label)
         if error is not None and on_error is not None:

@@ -130,6 +130,30 @@ def test_only_a_failed_behind_job_reports_back_and_flush_waits_for_it(tmp_path: 
     assert ledger.exists("o-ok") and ledger.exists("o-dup")
 
 
+def test_writes_given_the_running_loop_settle_and_report_on_it(tmp_path: Path) -> None:
+    """A sender that hands the writer its loop (a reply's later writes) is answered there,
+    as one whose loop the writer asks for."""
+    ledger = DeliveryLedger.open(tmp_path / "l.db")
+    writer = GroupCommitWriter(ledger, linger=60)
+    reports: list[BaseException] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        twice = events(ledger, "o-given")
+        handle, waiter = writer.submit_waiting(twice, loop=loop)
+        assert waiter.get_loop() is loop
+        await waiter
+        assert handle.done() and handle.exception() is None
+        clash = writer.submit_behind(list(twice), on_error=reports.append, loop=loop)
+        await writer.flush()
+        assert isinstance(clash.exception(), ConcurrentUpdate)
+        assert len(reports) == 1 and isinstance(reports[0], ConcurrentUpdate)
+
+    asyncio.run(main())
+    writer.close()
+    assert ledger.exists("o-given")
+
+
 @settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )

@@ -203,6 +203,9 @@ class Flight:
     """It has waited for its turn once: retries and later parts do not wait again."""
     handed_off: int = 0
     """Parts handed to the platform by this flight (whatever their result)."""
+    loop: asyncio.AbstractEventLoop | None = None
+    """The loop its sender runs on, kept from its record's wait for its later writes
+    (None: they ask for the running loop)."""
 
     @property
     def oid(self) -> str:
@@ -408,6 +411,7 @@ class Courier:
             unproven=pending,
             record_unconfirmed=pending,
             place=place,
+            loop=waiter.get_loop(),
         )
         record_end.flight = flight
         flight.last_write = future
@@ -460,7 +464,7 @@ class Courier:
             return False
         epoch = self.lease_epoch()
         future, waiter = self.writer.submit_waiting(
-            events, label=flight.oid, after=flight.last_write
+            events, label=flight.oid, after=flight.last_write, loop=flight.loop
         )
         flight.last_write = future
         try:
@@ -501,6 +505,7 @@ class Courier:
             label=flight.oid,
             after=flight.last_write,
             on_error=functools.partial(self._not_landed, flight, stage, events),
+            loop=flight.loop,
         )
 
     def _not_landed(

@@ -207,8 +207,10 @@ class EventWriter(Protocol):
         label: str = "",
         after: Any = None,
         on_error: Callable[[BaseException], object] | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> tuple[Written, asyncio.Future[None]]:
-        """Queue events; await the future for them to be durable."""
+        """Queue events; await the future for them to be durable. ``loop``: the caller's
+        running loop, when it has it at hand (else it is asked for)."""
 
     def submit_behind(
         self,
@@ -217,8 +219,10 @@ class EventWriter(Protocol):
         label: str = "",
         after: Any = None,
         on_error: Callable[[BaseException], object] | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> Written:
-        """Queue events to ride with the next commit; nobody waits for them (ADR 0016)."""
+        """Queue events to ride with the next commit; nobody waits for them (ADR 0016).
+        ``loop``: as for :meth:`submit_waiting`."""
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn`` off the loop after this process's queued writes landed."""

@@ -251,12 +251,18 @@ class GroupCommitWriter:
         label: str = "",
         after: Written | None = None,
         on_error: Callable[[BaseException], object] | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> tuple[WriteHandle, asyncio.Future[None]]:
         """Like :meth:`submit`, but with an asyncio future on the running loop that settles
         the same way (await it; it is skipped if already done, e.g. timed out), and a
         :class:`WriteHandle` for chaining. ``on_error(error)`` is called on that loop if
-        the write fails, whether or not the future was still awaited."""
-        loop = asyncio.get_running_loop()
+        the write fails, whether or not the future was still awaited.
+
+        ``loop``: the running loop, if the caller has it at hand (a reply's sender keeps
+        its first write's). Else it is asked for, and Python 3.11 asks the kernel for
+        the process id each time (``get_running_loop`` checks for a fork)."""
+        if loop is None:
+            loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
         if loop not in self._wakers:
             self._wakers[loop] = waker_for(loop, functools.partial(self._woken, loop))
@@ -329,12 +335,15 @@ class GroupCommitWriter:
         label: str = "",
         after: Written | None = None,
         on_error: Callable[[BaseException], object] | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> WriteHandle:
         """Queue events without waking the writer: they join the next group, or are
         committed alone within ``linger`` seconds. Nothing wakes the caller when they
         land; if they do not, ``on_error(error)`` is called on the caller's loop.
-        :meth:`flush` waits until they are settled either way."""
-        loop = asyncio.get_running_loop()
+        :meth:`flush` waits until they are settled either way. ``loop``: the running
+        loop, as for :meth:`submit_waiting`."""
+        if loop is None:
+            loop = asyncio.get_running_loop()
         handle = WriteHandle()
         report = (loop, on_error) if on_error is not None else None
         stamp(events)  # on the caller's side: its turn and trace (ADR 0058)
