@@ -21,6 +21,7 @@ from typing import Any
 from gateway_ledger import DeliveryLedger
 from gateway_ledger.bootstrap import forget_session
 from gateway_ledger.entrypoints.simulation.faults import (
+    Copies,
     Forgotten,
     poison_candidates,
     recorded_after_erasure,
@@ -179,7 +180,7 @@ def test_the_poison_hits_only_replies_whose_every_part_reached_the_user() -> Non
         "dropped": turn(2, ("first", "second")),  # its second part: taken, then dropped
         "forgotten": turn(3, ("only",)),
     }
-    copies: dict[tuple[str, str, str], list[Received]] = {}
+    copies: Copies = {}
     arrived = [(1, "first"), (1, "second"), (2, "first"), (3, "only")]
     for seq, (conversation, text) in enumerate(arrived):
         msg = Received(seq, str(conversation), None, f"in-{conversation}", text, None, None)

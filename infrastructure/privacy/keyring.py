@@ -157,8 +157,7 @@ class KeyRing:
         self._opening: dict[str, tuple[float, tuple[str, AESGCM] | None]] = {}
         self._init_lock = threading.Lock()
         self._wrap: AESGCM | None = None
-        self._name_key = b""
-        self._name_hmac: KeyedDigest | None = None
+        self._name_digest: KeyedDigest | None = None  # set with the master key
         self._master_for_derivation: bytes | None = None
         self._names: dict[str, str] = {}  # session key -> subject id (pure function, cached)
         self._on_evict: list[Callable[[str], object]] = []
@@ -214,8 +213,7 @@ class KeyRing:
                     "set GATEWAY_LEDGER_MASTER_KEY or the key file to the store's key"
                 )
             self._wrap = AESGCM(derive(master, "gateway-ledger/wrap-data-keys/v1"))
-            self._name_key = derive(master, "gateway-ledger/subject-id/v1")
-            self._name_hmac = KeyedDigest(self._name_key)
+            self._name_digest = KeyedDigest(derive(master, "gateway-ledger/subject-id/v1"))
             self._master_for_derivation = master
             self._table = table
 
@@ -250,9 +248,8 @@ class KeyRing:
         cause of a reply names its inbound message so (ADR 0058)."""
         if self._table is None:
             self._setup()
-        named = self._name_hmac
-        if named is None:  # pragma: no cover - set with the key by ``_setup``
-            return hmac.digest(self._name_key, value.encode("utf-8"), "sha256").hex()[:32]
+        named = self._name_digest
+        assert named is not None  # set by ``_setup`` with the key table
         return named.hexdigest(value)[:32]
 
     def sealing_key(
