@@ -273,7 +273,16 @@ class InMemoryLedger(delivery_ledger.DeliveryLedger):
     def load_each(
         self, aggregate_ids: Sequence[UUID], viewed: Mapping[UUID, int] | None = None
     ) -> Loaded:
-        return Loaded({i: self.repository.get(i) for i in aggregate_ids if i in self.repository})
+        """As the store's: an aggregate a view shows at a version is the aggregate as of
+        that version (ADR 0080), so a write made from it is fenced like the real one's."""
+        seen = viewed or {}
+        return Loaded(
+            {
+                i: self.repository.get(i, version=seen.get(i))
+                for i in aggregate_ids
+                if i in self.repository
+            }
+        )
 
     @property
     def kept(self) -> Any:
