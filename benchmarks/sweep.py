@@ -9,7 +9,10 @@ new (the view resumes from its tracked position), and, for scale, what replaying
 whole history would cost (a rebuild of the view). Each figure is the median of several
 rounds; between rounds the claimed obligations are delivered (untimed). The sweep's
 process CPU (``getrusage``, median of the rounds) is printed too, and in reference units
-("u", ``reference.py``, timed in the same run).
+("u", ``reference.py``, timed in the same run); on Linux also the bytes the sweep's process
+wrote and read (``/proc/self/io``: on SQLite the WAL frames of its commits and the pages
+it read back, which show what a sweep pays per store size, docs/performance.md round 24;
+on PostgreSQL what it sent to and received from the server).
 
     python benchmarks/sweep.py [--quick] [--backend sqlite|postgres|both] [--rounds N]
 """
@@ -84,6 +87,16 @@ def orphan(location: str, round_: int, count: int) -> None:
     ledger.close()
 
 
+def io_kib() -> tuple[float, float] | None:
+    """KiB this process has written and read so far (``wchar``, ``rchar``; Linux only)."""
+    try:
+        with open("/proc/self/io") as f:
+            counters = dict(line.split(": ") for line in f.read().splitlines())
+    except OSError:
+        return None
+    return int(counters["wchar"]) / 1024, int(counters["rchar"]) / 1024
+
+
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     started = time.perf_counter()
     result = fn()
@@ -91,14 +104,18 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
 
 
 def measure(location: str, rounds: int, orphans: int, meter: CpuMeter) -> dict[str, float]:
-    sweeps, boots, cpus = [], [], []
+    sweeps, boots, cpus, written, read = [], [], [], [], []
     for r in range(rounds):
         orphan(location, r, orphans)
         ledger = DeliveryLedger.open(location)
         meter.sample()
-        cpu = cpu_seconds()
+        cpu, io = cpu_seconds(), io_kib()
         ms, won = timed(ledger.sweep_recoverable)
         cpus.append(cpu_seconds() - cpu)
+        io_after = io_kib()
+        if io is not None and io_after is not None:
+            written.append(io_after[0] - io[0])
+            read.append(io_after[1] - io[1])
         assert len(won) == orphans, (len(won), ledger.last_sweep)
         sweeps.append(ms)
         for item in won:  # untimed: the redelivery succeeds
@@ -119,6 +136,8 @@ def measure(location: str, rounds: int, orphans: int, meter: CpuMeter) -> dict[s
         "sweep": statistics.median(sweeps),
         "boot": statistics.median(boots),
         "cpu": statistics.median(cpus),
+        "written": statistics.median(written) if written else float("nan"),
+        "read": statistics.median(read) if read else float("nan"),
     }
 
 
@@ -197,6 +216,11 @@ def run(backend: str, delivered: int, orphans: int, rounds: int) -> list[str]:
         f" | {1e3 * base['cpu']:.1f} = {base['cpu'] / unit:.0f} u | +{delivered:,} delivered"
         f" | {1e3 * big['cpu']:.1f} = {big['cpu'] / unit:.0f} u | {big['cpu'] / base['cpu']:.2f}x |"
     )
+    for name, key in (("written", "written"), ("read", "read")):
+        lines.append(
+            f"| {backend} | sweep's process I/O, KiB {name} | {orphans} only | {base[key]:,.0f}"
+            f" | +{delivered:,} delivered | {big[key]:,.0f} | {big[key] / base[key]:.2f}x |"
+        )
     return lines
 
 
