@@ -125,11 +125,12 @@ class RowFold:
             raise FoldFailed(f"{type(e).__name__} while writing a folded batch") from e
 
     def finish(self, cursor: Cursor) -> None:
-        """Write every folded row that exists at the end of the batch, once."""
+        """Write every folded row that exists at the end of the batch, once: together, as
+        one statement's rows for each set of columns (``RowWriter.insert_all``)."""
         try:
-            for key, row in self._rows.items():
-                if row is not None:
-                    self.writer.write(cursor, Insert(key, row))
+            self.writer.insert_all(
+                cursor, [Insert(key, row) for key, row in self._rows.items() if row is not None]
+            )
         except Exception as e:
             raise FoldFailed(f"{type(e).__name__} while writing a folded batch") from e
         finally:

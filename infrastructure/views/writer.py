@@ -10,7 +10,7 @@ Statements are built once per shape of change and reused.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gateway_ledger.infrastructure.eventstore.sql_dialect import (
@@ -92,15 +92,29 @@ class RowWriter:
         where = f"{self.key} = ?" + (f" AND {self.guard}" if self.guard else "")
         return self.dialect.sql(f"UPDATE {self.table} SET {', '.join(sets)} WHERE {where}")
 
+    def insert_all(self, cursor: Cursor, inserts: Iterable[Insert]) -> None:
+        """New rows of distinct keys, each kept where the key has a row already: one
+        ``executemany`` per set of columns, not a statement each (a batch's folded rows,
+        ``fold.py``). Inserts of different keys commute, so their order is not kept."""
+        by_columns: dict[tuple[str, ...], list[tuple[object, ...]]] = {}
+        for change in inserts:
+            params = (change.key, *change.values.values())
+            by_columns.setdefault(tuple(change.values), []).append(params)
+        for names, rows in by_columns.items():
+            cursor.executemany(self._insert_statement(names), rows)
+
     def _insert(self, cursor: Cursor, change: Insert) -> None:
-        shape = (Insert, tuple(change.values))
+        sql = self._insert_statement(tuple(change.values))
+        cursor.execute(sql, (change.key, *change.values.values()))
+
+    def _insert_statement(self, names: tuple[str, ...]) -> str:
+        shape = (Insert, names)
         sql = self._statements.get(shape)
         if sql is None:
-            names = shape[1]
             sql = self._statements[shape] = self.dialect.sql(
                 f"{self._insert_into(names)} ON CONFLICT ({self.key}) DO NOTHING"
             )
-        cursor.execute(sql, (change.key, *change.values.values()))
+        return sql
 
     def _upsert(self, cursor: Cursor, change: Upsert) -> None:
         names = tuple(change.values)
