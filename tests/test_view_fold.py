@@ -176,6 +176,65 @@ def test_a_folded_batch_leaves_the_rows_its_statements_leave(
         assert folded > 0  # nothing existed: the first change at least was folded
 
 
+class CountingCursor:
+    """A cursor that counts the statements it is given (``executemany`` once)."""
+
+    def __init__(self, cursor: Any) -> None:
+        self.cursor = cursor
+        self.statements: list[str] = []
+
+    def execute(self, sql: Any, params: Any = ()) -> Any:
+        self.statements.append("execute")
+        return self.cursor.execute(sql, params)
+
+    def executemany(self, sql: Any, params: Any) -> Any:
+        self.statements.append(f"executemany x{len(params)}")
+        return self.cursor.executemany(sql, params)
+
+    def fetchone(self) -> Any:
+        return self.cursor.fetchone()
+
+    def fetchall(self) -> Any:
+        return self.cursor.fetchall()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"], indirect=True)
+def test_a_run_of_one_statement_on_stored_rows_is_sent_once_and_leaves_the_same_rows(
+    store: tuple[SqlDialect, DeliveryLedger],
+) -> None:
+    """A sweep's claims: the same update of many rows the store has (a relative value
+    among it, one row twice, in order) goes as one statement's rows, then a change of
+    another shape after it; the rows are those the statements leave one by one."""
+    dialect, _ = store
+    before = {
+        f"r{i}": {"a": i, "b": 0, "n": 0, "s": "x", "quarantine_reason": None} for i in range(6)
+    }
+    run = [Update(key, {"s": "claimed"}, {"n": Add(1)}) for key in before]
+    batch: list[RowChange] = [*run, Update("r0", {"s": "again"}, {"n": Add(1)}), Delete("r5")]
+    sent: list[str] = []
+    for name, fold in (("fold_by_statement", False), ("fold_in_memory", True)):
+        writer = RowWriter(dialect, name, "k", guard=STILL_READ)
+        with dialect.write_transaction() as c:
+            c.execute(f"DELETE FROM {dialect.table(name)}")
+            for key, values in before.items():
+                writer.write(c, Insert(key, values))
+        with dialect.write_transaction() as c:
+            if fold:
+                counting = CountingCursor(c)
+                sink = RowFold(writer, takes_changes, declared_defaults(COLUMNS))
+                sink.begin(counting, set())  # a batch that begins no aggregate
+                for change in batch:
+                    sink.write(counting, change)
+                sink.finish(counting)
+                sent = counting.statements
+            else:
+                for change in batch:
+                    writer.write(c, change)
+    assert sent == ["executemany x7", "execute"]
+    assert rows(dialect, "fold_in_memory") == rows(dialect, "fold_by_statement")
+    assert [r["n"] for r in rows(dialect, "fold_in_memory")] == [2, 1, 1, 1, 1]
+
+
 def test_a_refused_folded_write_is_redone_unfolded_and_blames_its_event(tmp_path: Any) -> None:
     """The store refuses a row only as several events leave it (a CHECK here): the folded
     batch fails as a whole, is applied again one statement per change, and the one event

@@ -14,7 +14,9 @@ The fold gives exactly what the statements would have given, or it does not fold
 
 - only rows the store does not have when the batch begins are folded (one query for the
   keys it is given: the runner gives those of the aggregates the batch begins, ADR 0081);
-  every other change goes to the store as it always did, at once;
+  every other change goes to the store as the same statement as ever, in order, except
+  that a run of changes that share one statement (a sweep's claims, one update of each
+  orphan's row) is sent as that statement's rows in one ``executemany``;
 - a change is applied in memory with the statements' own rules (:class:`RowWriter`): an
   insert keeps an existing row, an update, delete or upsert's replacement touches only a
   row that still takes changes (the view's guard, here as a predicate over the row), and
@@ -28,8 +30,9 @@ The fold gives exactly what the statements would have given, or it does not fold
   batch again without folding, one statement per change, where a refusal names its event.
 
 Changes to different rows commute (each touches one row, by key), so writing the folded
-rows after the batch's other statements changes nothing a reader can see: the view's
-rows and its position still commit together.
+rows after the batch's other statements changes nothing a reader can see, and a held run
+is sent before any other statement of the batch: the view's rows and its position still
+commit together.
 """
 
 from __future__ import annotations
@@ -88,6 +91,9 @@ class RowFold:
         self.defaults = defaults
         self._rows: dict[str, Row | None] = {}
         """Keys folded here: their row as it now stands (None: no row)."""
+        self._run_sql: str | None = None
+        self._run: list[list[object]] = []
+        """Changes to rows the store has, held while they share one statement."""
         self.folded = 0
         """Changes applied in memory in this batch (what the tests check was folded)."""
 
@@ -107,7 +113,7 @@ class RowFold:
         rows = self._rows
         try:
             if key not in rows:
-                self.writer.write(cursor, change)
+                self._hold(cursor, change)
                 return
             row = rows[key]
             try:
@@ -115,8 +121,8 @@ class RowFold:
             except _Unfoldable:
                 del rows[key]  # from here on this row is the store's
                 if row is not None:
-                    self.writer.write(cursor, Insert(key, row))
-                self.writer.write(cursor, change)
+                    self._hold(cursor, Insert(key, row))
+                self._hold(cursor, change)
                 return
             self.folded += 1
         except FoldFailed:
@@ -125,9 +131,11 @@ class RowFold:
             raise FoldFailed(f"{type(e).__name__} while writing a folded batch") from e
 
     def finish(self, cursor: Cursor) -> None:
-        """Write every folded row that exists at the end of the batch, once: together, as
-        one statement's rows for each set of columns (``RowWriter.insert_all``)."""
+        """Send the run held, then write every folded row that exists at the end of the
+        batch, once: together, as one statement's rows for each set of columns
+        (``RowWriter.insert_all``)."""
         try:
+            self._send_run(cursor)
             self.writer.insert_all(
                 cursor, [Insert(key, row) for key, row in self._rows.items() if row is not None]
             )
@@ -135,6 +143,31 @@ class RowFold:
             raise FoldFailed(f"{type(e).__name__} while writing a folded batch") from e
         finally:
             self._rows = {}
+            self._run, self._run_sql = [], None
+
+    # -- changes to rows the store has --------------------------------------------------------
+
+    def _hold(self, cursor: Cursor, change: RowChange) -> None:
+        """Queue a change for the store: it joins the run held if it has the run's
+        statement, else the run is sent first. Held changes keep their order."""
+        statement = self.writer.statement(change)
+        if statement is None:
+            return
+        sql, params = statement
+        if sql != self._run_sql:
+            self._send_run(cursor)
+            self._run_sql = sql
+        self._run.append(params)
+
+    def _send_run(self, cursor: Cursor) -> None:
+        run, sql = self._run, self._run_sql
+        if not run or sql is None:
+            return
+        self._run, self._run_sql = [], None
+        if len(run) == 1:
+            cursor.execute(sql, run[0])
+        else:
+            cursor.executemany(sql, run)
 
     # -- one change, in memory ------------------------------------------------------------------
 

@@ -75,7 +75,8 @@ class SqlProjection(Protocol):
 
     def batch(self, cursor: Cursor, dialect: SqlDialect, keys: Collection[str] | None) -> RowSink:
         """Where the changes of one batch go, in its transaction: folded in memory for the
-        rows of ``keys`` the store does not have yet (None: nothing folded)."""
+        rows of ``keys`` the store does not have yet (None: nothing folded, each change
+        written at once)."""
 
     def apply(self, cursor: Cursor, dialect: SqlDialect, event: Any, sink: RowSink) -> None:
         """Change the view for one decoded domain event (ignore what is not yours)."""

@@ -75,9 +75,11 @@ class SqlView(MaterializedView):
 
     def batch(self, cursor: Cursor, dialect: SqlDialect, keys: Collection[str] | None) -> RowSink:
         """Where one batch's changes go: folded for the rows of ``keys`` the store does
-        not have yet (``fold.py``), or, with no keys, each as a statement at once."""
+        not have yet, the others sent in runs of one statement (``fold.py``); with
+        ``keys`` None (the batch applied again without folding, where a refusal names
+        its event), each as a statement at once."""
         unguarded = self.guard and type(self).takes_changes is SqlView.takes_changes
-        if not keys or unguarded:
+        if keys is None or unguarded:
             return self.writer
         fold = RowFold(self.writer, self.takes_changes, self.column_defaults)
         fold.begin(cursor, keys)

@@ -51,31 +51,40 @@ class RowWriter:
         """Nothing is held back: every change was written as it came."""
 
     def write(self, cursor: Cursor, change: RowChange) -> None:
+        statement = self.statement(change)
+        if statement is not None:
+            cursor.execute(*statement)
+
+    def statement(self, change: RowChange) -> tuple[str, list[object]] | None:
+        """The statement that writes ``change`` and its parameters (None: it sets
+        nothing). Changes of one shape share one statement text."""
         if type(change) is Update:
-            self._update(cursor, change)
-        elif type(change) is Insert:
-            self._insert(cursor, change)
-        elif type(change) is Delete:
-            cursor.execute(self._delete_statement(), (change.key,))
-        elif type(change) is Upsert:
-            self._upsert(cursor, change)
-        else:
-            raise TypeError(f"not a row change: {change!r}")
+            return self._update(change)
+        if type(change) is Insert:
+            return self._insert_statement(tuple(change.values)), [
+                change.key,
+                *change.values.values(),
+            ]
+        if type(change) is Delete:
+            return self._delete_statement(), [change.key]
+        if type(change) is Upsert:
+            return self._upsert(change)
+        raise TypeError(f"not a row change: {change!r}")
 
     # -- statements -------------------------------------------------------------------------
 
-    def _update(self, cursor: Cursor, change: Update) -> None:
+    def _update(self, change: Update) -> tuple[str, list[object]] | None:
         values = change.values
         relative = change.relative
         if not values and not relative:
-            return  # nothing to set
+            return None  # nothing to set
         shape = (Update, tuple(values), tuple(relative.items()) if relative else ())
         sql = self._statements.get(shape)
         if sql is None:
             sql = self._statements[shape] = self._update_statement(values, relative)
         params = list(values.values())
         params.append(change.key)
-        cursor.execute(sql, params)
+        return sql, params
 
     def _update_statement(
         self, values: Mapping[str, object], relative: Mapping[str, Relative]
@@ -103,10 +112,6 @@ class RowWriter:
         for names, rows in by_columns.items():
             cursor.executemany(self._insert_statement(names), rows)
 
-    def _insert(self, cursor: Cursor, change: Insert) -> None:
-        sql = self._insert_statement(tuple(change.values))
-        cursor.execute(sql, (change.key, *change.values.values()))
-
     def _insert_statement(self, names: tuple[str, ...]) -> str:
         shape = (Insert, names)
         sql = self._statements.get(shape)
@@ -116,7 +121,7 @@ class RowWriter:
             )
         return sql
 
-    def _upsert(self, cursor: Cursor, change: Upsert) -> None:
+    def _upsert(self, change: Upsert) -> tuple[str, list[object]]:
         names = tuple(change.values)
         shape = (Upsert, names, change.replace)
         sql = self._statements.get(shape)
@@ -129,7 +134,7 @@ class RowWriter:
                 f"{self._insert_into(names)} ON CONFLICT ({self.key}) DO UPDATE SET {replaced}"
                 + where
             )
-        cursor.execute(sql, (change.key, *change.values.values()))
+        return sql, [change.key, *change.values.values()]
 
     def _insert_into(self, names: tuple[str, ...]) -> str:
         columns = ", ".join(check_identifier(n) for n in (self.key, *names))
