@@ -13,7 +13,7 @@ nothing at all.
 The fold gives exactly what the statements would have given, or it does not fold:
 
 - only rows the store does not have when the batch begins are folded (one query for the
-  keys it is given: the runner gives those of the aggregates the batch begins, ADR 0081);
+  keys it is given: the runner gives those of the aggregates the batch begins, ADR 0082);
   every other change goes to the store as the same statement as ever, in order, except
   that a run of changes that share one statement (a sweep's claims, one update of each
   orphan's row) is sent as that statement's rows in one ``executemany``;
