@@ -138,6 +138,16 @@ def changes(draw: Any) -> RowChange:
     return Update(key, draw(some_values(settable)), relative)
 
 
+def table_holding(dialect: SqlDialect, name: str, before: dict[str, dict[str, Any]]) -> RowWriter:
+    """A writer of table ``name``, which holds exactly the rows ``before``."""
+    writer = RowWriter(dialect, name, "k", guard=STILL_READ)
+    with dialect.write_transaction() as c:
+        c.execute(f"DELETE FROM {dialect.table(name)}")
+        for key, values in before.items():
+            writer.write(c, Insert(key, values))
+    return writer
+
+
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"], indirect=True)
 @settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -156,11 +166,7 @@ def test_a_folded_batch_leaves_the_rows_its_statements_leave(
     assert defaults == {"n": 0}
     folded = 0
     for name, fold in (("fold_by_statement", False), ("fold_in_memory", True)):
-        writer = RowWriter(dialect, name, "k", guard=STILL_READ)
-        with dialect.write_transaction() as c:
-            c.execute(f"DELETE FROM {dialect.table(name)}")
-            for key, values in before.items():
-                writer.write(c, Insert(key, values))
+        writer = table_holding(dialect, name, before)
         with dialect.write_transaction() as c:
             sink: RowWriter | RowFold = writer
             if fold:
@@ -213,11 +219,7 @@ def test_a_run_of_one_statement_on_stored_rows_is_sent_once_and_leaves_the_same_
     batch: list[RowChange] = [*run, Update("r0", {"s": "again"}, {"n": Add(1)}), Delete("r5")]
     sent: list[str] = []
     for name, fold in (("fold_by_statement", False), ("fold_in_memory", True)):
-        writer = RowWriter(dialect, name, "k", guard=STILL_READ)
-        with dialect.write_transaction() as c:
-            c.execute(f"DELETE FROM {dialect.table(name)}")
-            for key, values in before.items():
-                writer.write(c, Insert(key, values))
+        writer = table_holding(dialect, name, before)
         with dialect.write_transaction() as c:
             if fold:
                 counting = CountingCursor(c)
