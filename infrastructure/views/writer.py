@@ -105,13 +105,12 @@ class RowWriter:
         """New rows of distinct keys, each kept where the key has a row already: one
         ``executemany`` per set of columns, not a statement each (a batch's folded rows,
         ``fold.py``). Inserts of different keys commute, so their order is not kept."""
-        by_statement: dict[str, list[list[object]]] = {}
+        by_columns: dict[tuple[str, ...], list[tuple[object, ...]]] = {}
         for change in inserts:
-            statement = self.statement(change)
-            if statement is not None:
-                by_statement.setdefault(statement[0], []).append(statement[1])
-        for sql, rows in by_statement.items():
-            cursor.executemany(sql, rows)
+            params = (change.key, *change.values.values())
+            by_columns.setdefault(tuple(change.values), []).append(params)
+        for names, rows in by_columns.items():
+            cursor.executemany(self._insert_statement(names), rows)
 
     def _insert_statement(self, names: tuple[str, ...]) -> str:
         shape = (Insert, names)
