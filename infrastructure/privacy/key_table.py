@@ -482,25 +482,42 @@ class PostgresKeyTable(_OwnConnection):
             import psycopg
 
             conn = psycopg.connect(**self.connect_kwargs, autocommit=True, connect_timeout=10)
-            conn.execute("SET synchronous_commit TO OFF")
-            sql = self.sql
-            # Two processes opening a new store at once would race in the catalog ("tuple
-            # concurrently updated"): serialise the creation on a transaction-level lock.
-            with conn.transaction():
-                conn.execute("SELECT pg_advisory_xact_lock(hashtext('gateway_ledger_keys'))")
-                conn.execute(
-                    sql.SQL(
-                        "CREATE TABLE IF NOT EXISTS {} (key_id TEXT PRIMARY KEY, subject_id "
-                        "TEXT NOT NULL UNIQUE, wrapped BYTEA NOT NULL, created_at TEXT NOT NULL)"
-                    ).format(self.keys)
-                )
-                conn.execute(
-                    sql.SQL(
-                        "CREATE TABLE IF NOT EXISTS {} (name TEXT PRIMARY KEY, value TEXT NOT NULL)"
-                    ).format(self.meta)
-                )
+            if not self._tables_exist(conn):
+                self._create_tables(conn)
             self._conn = conn
         return self._conn
+
+    def _tables_exist(self, conn: Any) -> bool:
+        """In one round trip: the connection's setting, and whether both tables exist
+        already (every start but the store's first; the views check theirs alike)."""
+        sql = self.sql
+        cursor = conn.execute(
+            sql.SQL(
+                "SET synchronous_commit TO OFF; "
+                "SELECT to_regclass({}) IS NOT NULL AND to_regclass({}) IS NOT NULL"
+            ).format(sql.Literal(self.keys.as_string(conn)), sql.Literal(self.meta.as_string(conn)))
+        )
+        cursor.nextset()
+        row = cursor.fetchone()
+        return bool(row is not None and row[0])
+
+    def _create_tables(self, conn: Any) -> None:
+        sql = self.sql
+        # Two processes opening a new store at once would race in the catalog ("tuple
+        # concurrently updated"): serialise the creation on a transaction-level lock.
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext('gateway_ledger_keys'))")
+            conn.execute(
+                sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {} (key_id TEXT PRIMARY KEY, subject_id "
+                    "TEXT NOT NULL UNIQUE, wrapped BYTEA NOT NULL, created_at TEXT NOT NULL)"
+                ).format(self.keys)
+            )
+            conn.execute(
+                sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {} (name TEXT PRIMARY KEY, value TEXT NOT NULL)"
+                ).format(self.meta)
+            )
 
     def _run(self, statement: Any, params: Sequence[Any]) -> tuple[int, list[Any]]:
         """One statement, one round trip; a broken connection is reopened once."""
@@ -537,6 +554,9 @@ class PostgresKeyTable(_OwnConnection):
                 )
 
     def put_meta_once(self, name: str, value: str) -> str:
+        stored = self.get_meta(name)  # read first: one round trip once it is stored
+        if stored is not None:
+            return stored
         self._run(
             self.sql.SQL("INSERT INTO {} VALUES (%s, %s) ON CONFLICT DO NOTHING").format(self.meta),
             (name, value),
