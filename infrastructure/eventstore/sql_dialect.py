@@ -37,6 +37,7 @@ class SqlDialect:
 
     name = "sql"
     for_update = ""
+    add_column = "ADD COLUMN"
 
     @property
     def data_errors(self) -> tuple[type[BaseException], ...]:
@@ -60,12 +61,20 @@ class SqlDialect:
         for column, kind in columns.items():
             if column not in present:
                 cursor.execute(
-                    f"ALTER TABLE {self.table(name)} ADD COLUMN {check_identifier(column)} {kind}"
+                    f"ALTER TABLE {self.table(name)} {self.add_column} "
+                    f"{check_identifier(column)} {kind}"
                 )
 
     def column_names(self, cursor: Cursor, name: str) -> set[str]:
         cursor.execute("SELECT name FROM pragma_table_info(?)", (check_identifier(name),))
         return {str(row["name"]) for row in cursor.fetchall()}
+
+    def create_index(self, cursor: Cursor, index: str, name: str, columns: str) -> None:
+        """The index ``index`` on table ``name`` (its ``columns``), unless it exists."""
+        cursor.execute(
+            f"CREATE INDEX IF NOT EXISTS {check_identifier(index)} "
+            f"ON {self.table(name)} ({columns})"
+        )
 
     def create_tables(self, *statements: str) -> None:
         """Run ``CREATE TABLE IF NOT EXISTS`` statements in one transaction; tried again
@@ -144,12 +153,31 @@ class PostgresDialect(SqlDialect):
     def sql(self, text: str) -> str:
         return text.replace("?", "%s")
 
-    def add_missing_columns(self, cursor: Cursor, name: str, columns: dict[str, str]) -> None:
-        for column, kind in columns.items():
-            cursor.execute(
-                f"ALTER TABLE {self.table(name)} "
-                f"ADD COLUMN IF NOT EXISTS {check_identifier(column)} {kind}"
-            )
+    # A view's tables are checked at every process's first use of it. ``ALTER TABLE`` takes
+    # an ACCESS EXCLUSIVE lock, and ``CREATE INDEX`` a SHARE lock, before they find that
+    # there is nothing to do; queued behind a long read of the view, either would hold up
+    # every other reader and writer of it. So the catalog is asked first, and only what is
+    # missing is added (``IF NOT EXISTS`` still, for two processes adding it at once).
+    add_column = "ADD COLUMN IF NOT EXISTS"
+
+    def column_names(self, cursor: Cursor, name: str) -> set[str]:
+        rows = _catalog(
+            cursor,
+            "SELECT attname AS name FROM pg_attribute "
+            "WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped",
+            (self.table(name),),
+        )
+        return {str(row["name"]) for row in rows}
+
+    def create_index(self, cursor: Cursor, index: str, name: str, columns: str) -> None:
+        schema = check_identifier(self.datastore.schema)
+        (row,) = _catalog(
+            cursor,
+            "SELECT to_regclass(%s) IS NOT NULL AS n",
+            (f'"{schema}"."{check_identifier(index)}"',),
+        )
+        if not row["n"]:
+            super().create_index(cursor, index, name, columns)
 
     @contextmanager
     def write_transaction(self) -> Iterator[Cursor]:
@@ -162,6 +190,14 @@ class PostgresDialect(SqlDialect):
             conn.cursor() as cursor,
         ):
             yield cursor
+
+
+def _catalog(cursor: Any, query: str, params: tuple[Any, ...]) -> list[Any]:
+    """A catalog read inside a pipelined write transaction, on a cursor of its own: a
+    cursor's rows in pipeline mode can be those of a statement it queued before."""
+    with cursor.connection.cursor() as own:
+        own.execute(query, params)
+        return list(own.fetchall())
 
 
 def dialect_for(recorder: Any) -> SqlDialect:

@@ -94,9 +94,7 @@ class SqlObligationView(SqlView):
         if self.added_columns:
             dialect.add_missing_columns(cursor, self.name, dict(self.added_columns))
         for suffix, columns in self.indexes.items():
-            cursor.execute(
-                f"CREATE INDEX IF NOT EXISTS {self.name}_{suffix} ON {self.table} ({columns})"
-            )
+            dialect.create_index(cursor, f"{self.name}_{suffix}", self.name, columns)
 
     def select(self, where: str = "", params: tuple[Any, ...] = (), suffix: str = "") -> list[Any]:
         """Rows of the view, as the store returns them (``where`` with ``?`` placeholders)."""
