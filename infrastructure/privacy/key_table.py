@@ -232,6 +232,23 @@ class _OwnConnection:
                 self._conn.close()
                 self._conn = None
 
+    def get_meta(self, name: str) -> str | None:
+        raise NotImplementedError
+
+    def _insert_meta_if_absent(self, name: str, value: str) -> None:
+        raise NotImplementedError
+
+    def put_meta_once(self, name: str, value: str) -> str:
+        """The value stored under ``name``: ``value`` if none was. Read first: a store
+        opened read-only has it already, and once stored it costs one read."""
+        stored = self.get_meta(name)
+        if stored is not None:
+            return stored
+        self._insert_meta_if_absent(name, value)
+        stored = self.get_meta(name)
+        assert stored is not None
+        return stored
+
 
 class SQLiteKeyTable(_OwnConnection):
     """A private connection to the store's file: secure_delete on, its own transactions."""
@@ -302,14 +319,8 @@ class SQLiteKeyTable(_OwnConnection):
         rows = self._read(f"SELECT value FROM {META_TABLE} WHERE name=?", (name,))
         return str(rows[0][0]) if rows else None
 
-    def put_meta_once(self, name: str, value: str) -> str:
-        stored = self.get_meta(name)  # read first: a store opened read-only has it already
-        if stored is not None:
-            return stored
+    def _insert_meta_if_absent(self, name: str, value: str) -> None:
         self._write([(f"INSERT OR IGNORE INTO {META_TABLE} VALUES (?, ?)", (name, value))])
-        stored = self.get_meta(name)
-        assert stored is not None
-        return stored
 
     def probe_write(self) -> None:
         """Write a row and roll it back: raises where the store refuses writes (a read-only
@@ -553,17 +564,11 @@ class PostgresKeyTable(_OwnConnection):
                     ).format(self.meta)
                 )
 
-    def put_meta_once(self, name: str, value: str) -> str:
-        stored = self.get_meta(name)  # read first: one round trip once it is stored
-        if stored is not None:
-            return stored
+    def _insert_meta_if_absent(self, name: str, value: str) -> None:
         self._run(
             self.sql.SQL("INSERT INTO {} VALUES (%s, %s) ON CONFLICT DO NOTHING").format(self.meta),
             (name, value),
         )
-        stored = self.get_meta(name)
-        assert stored is not None
-        return stored
 
     def find(self, subject_id: str) -> tuple[str, bytes, str] | None:
         _, rows = self._run(
