@@ -27,9 +27,9 @@ def test_a_view_index_dropped_is_made_again_at_the_next_first_use(store_location
     ledger.stats()  # both views made
     index = "recoverable_obligations_by_recorded_at"
     assert index in index_names(ledger)
-    with ledger.recoverable.dialect.write_transaction() as c:
-        schema = getattr(ledger.recoverable.dialect.datastore, "schema", None)
-        c.execute(f'DROP INDEX "{schema}"."{index}"' if schema else f"DROP INDEX {index}")
+    dialect = ledger.recoverable.dialect
+    with dialect.write_transaction() as c:
+        c.execute(f"DROP INDEX {dialect.table(index)}")  # an index is named as a table is
     assert index not in index_names(ledger)
     ledger.close()
 

@@ -170,12 +170,8 @@ class PostgresDialect(SqlDialect):
         return {str(row["name"]) for row in rows}
 
     def create_index(self, cursor: Cursor, index: str, name: str, columns: str) -> None:
-        schema = check_identifier(self.datastore.schema)
-        (row,) = _catalog(
-            cursor,
-            "SELECT to_regclass(%s) IS NOT NULL AS n",
-            (f'"{schema}"."{check_identifier(index)}"',),
-        )
+        # An index lives in its table's schema: its name is qualified as a table's is.
+        (row,) = _catalog(cursor, "SELECT to_regclass(%s) IS NOT NULL AS n", (self.table(index),))
         if not row["n"]:
             super().create_index(cursor, index, name, columns)
 
